@@ -1,0 +1,40 @@
+# make reproduce [PROFILE=smoke|h100|thesis]   run the four notebooks into outputs/$(PROFILE)/
+# make test                                   unit tests + nbval on the committed notebooks
+# make lab                                    JupyterLab on the same environment
+PROFILE ?= smoke
+LAUNCHER ?= local
+VENV := .venv
+PY := $(VENV)/bin/python
+NOTEBOOKS := $(sort $(wildcard notebooks/0*.ipynb))
+OUT := outputs/$(PROFILE)
+
+.PHONY: env reproduce test lab data clean-smoke
+
+env: $(VENV)/.done
+$(VENV)/.done: environment.yml
+	@if command -v conda >/dev/null 2>&1; then \
+	  conda env update -p $(VENV) -f environment.yml; \
+	else \
+	  python3 -m venv $(VENV) && \
+	  sed -n '/- pip:/,$$p' environment.yml | sed -n 's/^ *- \([A-Za-z0-9_.-]*==.*\)$$/\1/p' > $(VENV)/requirements.txt && \
+	  $(PY) -m pip install -q --upgrade pip && \
+	  $(PY) -m pip install -q -r $(VENV)/requirements.txt; \
+	fi
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+reproduce: env
+	@mkdir -p $(OUT)
+	@for nb in $(NOTEBOOKS); do \
+	  echo "== $$nb ($(PROFILE))"; \
+	  PYTHONPATH=$(CURDIR) $(PY) -m papermill $$nb $(OUT)/$$(basename $$nb) -k python3 --cwd notebooks \
+	    -p profile $(PROFILE) -p launcher $(LAUNCHER) || exit 1; \
+	done
+	@echo "results in $(OUT)/"
+
+test: env
+	PYTHONPATH=$(CURDIR) $(PY) -m pytest -q tests
+	PYTHONPATH=$(CURDIR) $(PY) -m pytest -q --nbval --nbval-sanitize-with notebooks/sanitize.cfg --nbval-current-env notebooks
+
+lab: env
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/jupyter lab notebooks

@@ -1,0 +1,55 @@
+"""Greedy LM heads: the dense head and FlashHead (cluster-first retrieval), both token-on-device."""
+from __future__ import annotations
+
+import torch
+
+from .clustering import cluster_to_token
+
+
+class DenseHead:
+    """argmax over the full vocabulary: W (V,d)."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """h (n,d) -> token ids (n,), kept on the device (no host sync)."""
+        return (h @ self.weight.T).argmax(-1)
+
+
+class FlashHead:
+    """FlashHead greedy: score c centroids, probe the top p, score their p*b tokens exactly, argmax.
+
+    weight (V,d) output embeddings, centroids (c,d), assignments (V,) with equal cluster sizes,
+    special_ids: tokens scored on every step.
+    """
+
+    def __init__(self, weight: torch.Tensor, centroids: torch.Tensor, assignments: torch.Tensor,
+                 n_probes: int, special_ids: list[int] = ()):
+        c = centroids.shape[0]
+        self.weight = weight
+        self.centroids = centroids.to(weight)                                   # (c,d)
+        self.c2t = cluster_to_token(assignments.to(weight.device), c)           # (c,b)
+        self.special = torch.tensor(sorted(special_ids), dtype=torch.long, device=weight.device)
+        self.n_probes = n_probes
+
+    @property
+    def n_clusters(self) -> int:
+        return self.c2t.shape[0]
+
+    def candidates(self, h: torch.Tensor) -> torch.Tensor:
+        """Token ids (n, p*b + s) that FlashHead scores for hidden states h (n,d)."""
+        probes = (h @ self.centroids.T).topk(self.n_probes, dim=-1).indices    # (n,p)
+        cand = self.c2t[probes].flatten(1)                                      # (n,p*b)
+        return torch.cat([cand, self.special.expand(h.shape[0], -1)], dim=1)
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """h (n,d) -> token ids (n,), kept on the device (no host sync)."""
+        cand = self.candidates(h)                                               # (n,m)
+        logits = torch.einsum("nmd,nd->nm", self.weight[cand], h)              # (n,m)
+        return cand.gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
+
+    def with_probes(self, n_probes: int) -> "FlashHead":
+        other = object.__new__(FlashHead)
+        other.__dict__.update(self.__dict__, n_probes=n_probes)
+        return other

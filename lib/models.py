@@ -1,0 +1,307 @@
+"""Model loading (synthetic, Hugging Face, AWQ, FlashHead checkpoints) and a static-KV-cache runner."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from . import prompts as prompt_lib
+from .config import Profile, as_dict
+from .heads import DenseHead, FlashHead
+from .synthetic import SPECIAL_TOKENS, make_pair, make_tokenizer
+
+FLASH_KEYS = ("flash_head_cache_dir", "n_clusters", "n_probes", "flash_head_special_token_ids")
+
+
+# ---------------------------------------------------------------- synthetic pair on disk
+
+def synthetic_stamp(profile: Profile) -> dict:
+    return {"seed": profile.seed, "dtype": profile.dtype, "synthetic": as_dict(profile)["models"]["synthetic"]}
+
+
+def ensure_synthetic(profile: Profile) -> Path:
+    """Make, save (save_pretrained) and stamp the synthetic pair once; later calls reuse it."""
+    root = profile.model_dir
+    stamp = root / "stamp.json"
+    if stamp.exists() and json.loads(stamp.read_text()) == synthetic_stamp(profile):
+        return root
+    syn = profile.models.synthetic
+    shutil.rmtree(root, ignore_errors=True)
+    device = "cuda" if torch.cuda.is_available() and profile.draft_device.startswith("cuda") else "cpu"
+    target, draft = make_pair(syn, profile.seed, profile.dtype, device)
+    corpus = [p.text for p in prompt_lib.load_questions(prompt_lib.BUILTIN)]
+    tok = make_tokenizer(syn.vocab_size, corpus)
+    for name, model in (("draft", draft), ("target", target)):
+        if name == "target" and not syn.save_target:
+            continue
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    del target, draft
+    stamp.write_text(json.dumps(synthetic_stamp(profile), indent=1))
+    return root
+
+
+def model_path(profile: Profile, which: str) -> str:
+    """Where `which` (target, draft) loads from: a local directory or a hub id."""
+    if profile.models.source == "pretrained":
+        return getattr(profile.models, which)
+    return str(ensure_synthetic(profile) / which)
+
+
+def load_model(path: str, dtype: str, device: str, awq_backend: str = ""):
+    """from_pretrained with remote code off; AWQ checkpoints go through gptqmodel's backend."""
+    kwargs = dict(dtype=getattr(torch, dtype), trust_remote_code=False, device_map=device)
+    cfg = json.loads((Path(path) / "config.json").read_text()) if Path(path, "config.json").exists() else {}
+    if cfg.get("quantization_config", {}).get("quant_method") == "awq" and awq_backend:
+        from transformers import AwqConfig
+        q = cfg["quantization_config"]
+        kwargs["quantization_config"] = AwqConfig(bits=q.get("bits", 4), group_size=q.get("group_size", 128),
+                                                  zero_point=q.get("zero_point", True), version=q.get("version", "gemm"),
+                                                  backend=awq_backend)
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+
+
+def load_target(profile: Profile):
+    syn = profile.models.synthetic
+    if profile.models.source == "synthetic" and not syn.save_target:
+        ensure_synthetic(profile)                                      # draft on disk; target rebuilt in memory
+        return make_pair(syn, profile.seed, profile.dtype, profile.target_device)[0]
+    return load_model(model_path(profile, "target"), profile.dtype, profile.target_device, profile.models.awq_backend)
+
+
+def load_draft(profile: Profile):
+    return load_model(model_path(profile, "draft"), profile.dtype, profile.draft_device)
+
+
+def load_tokenizer(profile: Profile):
+    return AutoTokenizer.from_pretrained(model_path(profile, "draft"), trust_remote_code=False)
+
+
+# ---------------------------------------------------------------- FlashHead checkpoint format
+
+def special_token_ids(tokenizer) -> list[int]:
+    ids = set(tokenizer.all_special_ids)
+    ids.update(i for t in SPECIAL_TOKENS if (i := tokenizer.convert_tokens_to_ids(t)) is not None and i >= 0)
+    return sorted(i for i in ids if i is not None and i >= 0 and i != tokenizer.unk_token_id)
+
+
+def save_flash_checkpoint(draft_dir: str | Path, out_dir: str | Path, centroids: torch.Tensor,
+                          assignments: torch.Tensor, n_probes: int, special_ids: list[int],
+                          cache_dir: str = "flash_head_assets") -> Path:
+    """Write a FlashHead model directory: the draft's files, flash keys in config.json, clustering assets."""
+    out = Path(out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(draft_dir, out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(architectures=["FlashHeadQwen3ForCausalLM"], flash_head_cache_dir=cache_dir,
+               n_clusters=int(centroids.shape[0]), n_probes=int(n_probes),
+               flash_head_special_token_ids=[int(i) for i in special_ids])
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    (out / cache_dir).mkdir()
+    save_file({"centroids": centroids.float().contiguous().cpu(),
+               "cluster_assignments": assignments.to(torch.int64).contiguous().cpu()},
+              str(out / cache_dir / "clustering_cache.safetensors"))
+    return out
+
+
+def read_flash_checkpoint(path: str | Path, hidden_size: int | None = None, vocab_size: int | None = None):
+    """Read and check a FlashHead directory. Returns (config dict, centroids (c,d), assignments (V,))."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise FileNotFoundError(f"FlashHead checkpoint {path}: no config.json")
+    cfg = json.loads(cfg_file.read_text())
+    missing = [k for k in FLASH_KEYS if k not in cfg]
+    if missing:
+        raise ValueError(f"FlashHead checkpoint {path}: config.json lacks {missing}")
+    assets = path / cfg["flash_head_cache_dir"] / "clustering_cache.safetensors"
+    if not assets.exists():
+        raise FileNotFoundError(f"FlashHead checkpoint {path}: missing {assets.relative_to(path)}")
+    t = load_file(str(assets))
+    for key in ("centroids", "cluster_assignments"):
+        if key not in t:
+            raise ValueError(f"{assets}: no tensor {key!r} (has {sorted(t)})")
+    c = cfg["n_clusters"]
+    d = hidden_size or cfg.get("hidden_size")
+    V = vocab_size or cfg.get("vocab_size")
+    cents = t["centroids"].float()
+    while cents.dim() > 2 and cents.shape[0] == 1:                     # leading singleton dims
+        cents = cents[0]
+    if cents.dim() != 2 or {cents.shape[0], cents.shape[1]} != {c, d} and cents.shape != (c, d):
+        raise ValueError(f"{assets}: centroids of shape {tuple(t['centroids'].shape)} do not match "
+                         f"n_clusters={c} and hidden_size={d}")
+    if cents.shape != (c, d):
+        cents = cents.T.contiguous()                                   # stored as (d,c)
+    assign = t["cluster_assignments"].reshape(-1).long()
+    if V is not None and assign.numel() != V:
+        raise ValueError(f"{assets}: cluster_assignments has {assign.numel()} entries but the vocabulary is {V}")
+    if assign.min() < 0 or assign.max() >= c:
+        raise ValueError(f"{assets}: cluster ids outside 0..{c - 1}")
+    counts = torch.bincount(assign, minlength=c)
+    if (counts != counts[0]).any():
+        raise ValueError(f"{assets}: clusters are not of equal size ({counts.min().item()}..{counts.max().item()} tokens)")
+    return cfg, cents, assign
+
+
+def load_flash_draft(profile: Profile, n_probes: int | None = None):
+    """The FlashHead draft: the checkpoint's body as Qwen3 (remote code off) and its FlashHead."""
+    path = profile.flash_dir
+    if profile.models.source == "synthetic" and not (path / "config.json").exists():
+        raise FileNotFoundError(f"no FlashHead checkpoint at {path}: run notebook 01 (or lib.pipeline.ensure_flash_checkpoint)")
+    cfg, cents, assign = read_flash_checkpoint(path)
+    model = load_model(str(path), profile.dtype, profile.draft_device)
+    W = model.get_output_embeddings().weight
+    if W.shape[1] != cents.shape[1] or W.shape[0] != assign.numel():
+        raise ValueError(f"FlashHead checkpoint {path}: clustering is for V={assign.numel()}, d={cents.shape[1]} "
+                         f"but the body has V={W.shape[0]}, d={W.shape[1]}")
+    head = FlashHead(W, cents.to(W.device), assign, n_probes or profile.clustering.n_probes,
+                     cfg["flash_head_special_token_ids"])
+    return model, head
+
+
+def dense_head(model) -> DenseHead:
+    return DenseHead(model.get_output_embeddings().weight)
+
+
+# ---------------------------------------------------------------- static-cache runner
+
+class Runner:
+    """Forward passes of a loaded Qwen3 with a static KV cache, reusing the model's own modules.
+
+    forward(ids (1,n), start) writes K/V at positions start..start+n-1 and returns final normed hidden
+    states (1,n,d). Positions are device tensors, so every call of a given n can be captured once in a
+    CUDA graph and replayed (graphs=True on CUDA). On CPU the same code runs eagerly.
+    """
+
+    def __init__(self, model, max_len: int, graphs: bool = False):
+        cfg = model.config
+        self.model, self.body = model, model.model
+        self.device = model.get_output_embeddings().weight.device
+        self.dtype = model.get_output_embeddings().weight.dtype
+        self.n_kv, self.hd = cfg.num_key_value_heads, cfg.head_dim
+        self.n_heads = cfg.num_attention_heads
+        self.max_len = max_len
+        shape = (cfg.num_hidden_layers, 1, self.n_kv, max_len, self.hd)
+        self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        pos = torch.arange(max_len, device=self.device)
+        dummy = torch.zeros(1, dtype=self.dtype, device=self.device)
+        cos, sin = self.body.rotary_emb(dummy, pos[None])                # (1,max_len,hd)
+        self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)
+        self.arange = pos
+        self.graphs = graphs and self.device.type == "cuda"
+        self._graphs: dict = {}
+
+    def _layer(self, i: int, layer, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        att = layer.self_attn
+        n = x.shape[1]
+        h = layer.input_layernorm(x)
+        q = att.q_norm(att.q_proj(h).view(1, n, self.n_heads, self.hd)).transpose(1, 2)    # (1,H,n,hd)
+        k = att.k_norm(att.k_proj(h).view(1, n, self.n_kv, self.hd)).transpose(1, 2)       # (1,Hkv,n,hd)
+        v = att.v_proj(h).view(1, n, self.n_kv, self.hd).transpose(1, 2)
+        cos, sin = self.cos[pos], self.sin[pos]                                             # (n,hd)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        self.k[i].index_copy_(2, pos, k)
+        self.v[i].index_copy_(2, pos, v)
+        o = torch.nn.functional.scaled_dot_product_attention(q, self.k[i], self.v[i], attn_mask=mask,
+                                                             enable_gqa=self.n_kv != self.n_heads)
+        x = x + att.o_proj(o.transpose(1, 2).reshape(1, n, -1))
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _forward(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        n = ids.shape[1]
+        pos = start + self.arange[:n]                                                       # (n,)
+        mask = self.arange[None, :] <= pos[:, None]                                         # (n,max_len)
+        x = self.body.embed_tokens(ids)
+        for i, layer in enumerate(self.body.layers):
+            x = self._layer(i, layer, x, pos, mask)
+        return self.body.norm(x)
+
+    def _greedy(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        h = self._forward(ids, start)[0]                                                    # (n,d)
+        return (h @ self.model.get_output_embeddings().weight.T).argmax(-1)                 # (n,)
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, start: int, graph: bool = True) -> torch.Tensor:
+        """Final normed hidden states (1,n,d) for ids (1,n) at positions start.. (writes the cache)."""
+        return self._run(self._forward, ids, start, graph)
+
+    @torch.no_grad()
+    def greedy(self, ids: torch.Tensor, start: int, graph: bool = True) -> torch.Tensor:
+        """The model's own dense-head argmax after each of ids (1,n): (n,) on the device."""
+        return self._run(self._greedy, ids, start, graph)
+
+    def _run(self, fn, ids: torch.Tensor, start: int, graph: bool) -> torch.Tensor:
+        n = ids.shape[1]
+        if start + n > self.max_len:
+            raise ValueError(f"KV cache of {self.max_len} positions cannot hold {start + n}")
+        if not (graph and self.graphs):
+            return fn(ids, torch.tensor(start, device=self.device))
+        g = self._graphs.get((fn.__name__, n)) or self._capture(fn, n)
+        g["ids"].copy_(ids)
+        g["start"].fill_(start)
+        g["graph"].replay()
+        return g["out"]
+
+    def _capture(self, fn, n: int) -> dict:
+        ids = torch.zeros(1, n, dtype=torch.long, device=self.device)
+        start = torch.zeros((), dtype=torch.long, device=self.device)
+        graph, out = capture(lambda: fn(ids, start))
+        self._graphs[(fn.__name__, n)] = dict(graph=graph, ids=ids, start=start, out=out)
+        return self._graphs[(fn.__name__, n)]
+
+
+def capture(fn):
+    """Warm fn up on a side stream, then capture it in a CUDA graph. Returns (graph, static output)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=POOL.get()):
+        out = fn()
+    return graph, out
+
+
+class GraphedHead:
+    """A head (n=1 hidden -> token) captured in a CUDA graph on CUDA; called directly on CPU."""
+
+    def __init__(self, head, d: int, device, dtype, graphs: bool):
+        self.head = head
+        self.graph = None
+        if graphs and torch.device(device).type == "cuda":
+            self.h = torch.zeros(1, d, device=device, dtype=dtype)
+            self.graph, self.out = capture(lambda: head(self.h))
+
+    @torch.no_grad()
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        if self.graph is None:
+            return self.head(h)
+        self.h.copy_(h)
+        self.graph.replay()
+        return self.out
+
+
+class _Pool:
+    """One CUDA graph memory pool shared by all captures (graphs replay one at a time)."""
+    handle = None
+
+    def get(self):
+        if self.handle is None:
+            self.handle = torch.cuda.graph_pool_handle()
+        return self.handle
+
+
+POOL = _Pool()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)

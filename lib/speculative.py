@@ -1,0 +1,182 @@
+"""Greedy speculative decoding with separate target and draft states.
+
+Each model keeps its own static KV cache and a count of the tokens in it. The target also keeps its
+pending greedy prediction (the argmax after the last token it has seen) when it is up to date.
+
+Schedules (thesis 3.3 and 3.6.2):
+  ordinary  after each round a single-token target append feeds the round's final token, so the
+            pending prediction is always known and a round whose first proposal disagrees with it
+            skips the verify call.
+  deferred  the final token is not appended; it is prepended to the next round's verify batch
+            [final, d1..dK], whose first output replaces the pending prediction. The skip can only
+            fire where the pending prediction exists (the first round, after the initial append).
+Both emit exactly the target's greedy continuation.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .bench import Clock, sync
+from .models import GraphedHead, Runner
+
+
+@dataclass
+class Draft:
+    """A draft model: its runner and its greedy head (dense or FlashHead), graph-captured on CUDA."""
+    runner: Runner
+    head: GraphedHead
+
+    def propose(self, clock: Clock, catch_up: torch.Tensor, start: int, k: int) -> torch.Tensor:
+        """Feed catch_up (1,m) at `start`, then propose k tokens greedily; returns (k,) on the device.
+
+        Feeds catch_up and the first k-1 proposals (the k-th proposal is never fed).
+        """
+        x, pos, out = catch_up, start, []
+        for i in range(k):
+            with clock.span("call_draft_body"):
+                h = self.runner.forward(x, pos)                             # (1,n,d)
+            with clock.span("call_draft_head"):
+                tok = self.head(h[:, -1]).clone()                           # (1,)
+            out.append(tok)
+            pos += x.shape[1]
+            x = tok.view(1, 1)
+        return torch.cat(out)
+
+
+@dataclass
+class Target:
+    """The target model: body and dense greedy head in one call (one CUDA graph per length)."""
+    runner: Runner
+
+    def greedy(self, clock: Clock, ids: torch.Tensor, start: int, graph: bool = True) -> torch.Tensor:
+        """Target argmax after each of ids (1,n) fed at `start`: (n,) on the device (a copy)."""
+        with clock.span("call_target"):
+            return self.runner.greedy(ids, start, graph).clone()
+
+
+@dataclass
+class Result:
+    tokens: list[int]
+    ttft_ms: float
+    decode_ms: float
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    verify_calls: int = 0
+    append_calls: int = 0
+    skipped: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+    spans_ms: dict = field(default_factory=dict)
+
+    @property
+    def decode_tokens(self) -> int:
+        return len(self.tokens) - 1                                         # tokens after the first
+
+
+def prefill(target: Target, clock: Clock, prompt: list[int]) -> torch.Tensor:
+    ids = torch.tensor([prompt], device=target.runner.device)
+    return target.greedy(clock, ids, 0, graph=False)[-1:]                  # (1,) first token
+
+
+def generate_baseline(target: Target, prompt: list[int], max_new: int) -> Result:
+    """Target-only greedy decoding: prefill, then one single-token append per token."""
+    dev = target.runner.device
+    clock = Clock(dev)
+    t0 = time.perf_counter()
+    tok = prefill(target, clock, prompt)
+    first = tok.item()
+    t1 = time.perf_counter()
+    out, pos = [tok], len(prompt)
+    with clock.span("decode"):
+        for _ in range(max_new - 1):
+            tok = target.greedy(clock, tok.view(1, 1), pos)
+            out.append(tok)
+            pos += 1
+    tokens = torch.cat(out).tolist()
+    t2 = time.perf_counter()
+    assert tokens[0] == first
+    return Result(tokens, 1000 * (t1 - t0), 1000 * (t2 - t1), append_calls=max_new - 1, spans_ms=clock.totals())
+
+
+def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_new: int, k: int,
+                         schedule: str) -> Result:
+    """Greedy speculative decoding (ordinary or deferred); output equals target greedy decoding."""
+    if schedule not in ("ordinary", "deferred"):
+        raise ValueError(f"unknown schedule {schedule!r}: use ordinary or deferred")
+    tdev, ddev = target.runner.device, draft.runner.device
+    clock = Clock(tdev)
+    t0 = time.perf_counter()
+    seq = list(prompt)
+    first = prefill(target, clock, prompt)
+    seq.append(first.item())
+    t1 = time.perf_counter()
+    res = Result([], 1000 * (t1 - t0), 0.0)
+
+    with clock.span("initial"):
+        draft.runner.forward(torch.tensor([prompt], device=ddev), 0, graph=False)   # draft prefill
+        pending = target.greedy(clock, first.view(1, 1), len(prompt))              # initial target append
+    t_pos, d_pos = len(seq), len(prompt)                                            # tokens in each cache
+    res.append_calls = 1
+
+    while len(seq) - len(prompt) < max_new:
+        n = len(seq)
+        kk = min(k, max_new - (n - len(prompt)) - 1)                                 # never overshoot max_new
+        props = torch.empty(0, dtype=torch.long, device=tdev)
+        with clock.span("draft"):
+            if kk > 0:
+                catch = torch.tensor([seq[d_pos:]], device=ddev)
+                props = draft.propose(clock, catch, d_pos, kk).to(tdev)
+                d_pos = n + kk - 1
+        with clock.span("verify"):
+            if pending is not None:                                                 # target is up to date
+                head = torch.cat([props[:1], pending]).tolist()                     # one sync
+                if kk == 0 or head[0] != head[-1]:
+                    res.skipped += kk > 0
+                    a, final = 0, head[-1]
+                    got = []
+                else:
+                    preds = target.greedy(clock, props.view(1, -1), t_pos)          # (kk,)
+                    res.verify_calls += 1
+                    got = torch.cat([props, preds]).tolist()                        # one sync
+                    a = 1 + accepted_prefix(got[1:kk], got[kk:2 * kk - 1])
+                    final = got[kk + a - 1]
+            else:                                                                   # deferred: [final, d1..dK]
+                ids = torch.cat([torch.tensor(seq[t_pos:], device=tdev), props]).view(1, -1)
+                preds = target.greedy(clock, ids, t_pos)                            # (1+kk,)
+                res.verify_calls += 1
+                got = torch.cat([props, preds]).tolist()
+                a = accepted_prefix(got[:kk], got[kk:2 * kk])
+                final = got[kk + a]
+        seq += got[:a] + [final]
+        t_pos = n + a if (pending is None or a > 0) else t_pos                     # drop rejected positions
+        d_pos = min(d_pos, n + a)
+        res.rounds += 1
+        res.proposed += kk
+        res.accepted += a
+        res.accepted_lengths.append(a)
+        with clock.span("finalize"):
+            if schedule == "ordinary" and len(seq) - len(prompt) < max_new:
+                pending = target.greedy(clock, torch.tensor([[final]], device=tdev), t_pos)
+                t_pos += 1
+                res.append_calls += 1
+            else:
+                pending = None
+    sync(tdev)
+    sync(ddev)
+    res.decode_ms = 1000 * (time.perf_counter() - t1)
+    res.tokens = seq[len(prompt):]
+    res.spans_ms = clock.totals()
+    return res
+
+
+def accepted_prefix(proposed: list[int], predicted: list[int]) -> int:
+    """Length of the longest prefix where the proposals equal the target's predictions."""
+    a = 0
+    for p, q in zip(proposed, predicted):
+        if p != q:
+            break
+        a += 1
+    return a
