@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 NOTEBOOKS := $(sort $(wildcard notebooks/0*.ipynb))
 OUT := outputs/$(PROFILE)
 
-.PHONY: env reproduce test lab data clean-smoke
+.PHONY: env reproduce test lab notebooks
 
 env: $(VENV)/.done
 $(VENV)/.done: environment.yml
@@ -21,20 +21,26 @@ $(VENV)/.done: environment.yml
 	  $(PY) -m pip install -q -r $(VENV)/requirements.txt; \
 	fi
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	$(PY) -c "import site; open(site.getsitepackages()[0] + '/study_root.pth', 'w').write('$(CURDIR)\n')"
 	touch $@
 
 reproduce: env
 	@mkdir -p $(OUT)
 	@for nb in $(NOTEBOOKS); do \
 	  echo "== $$nb ($(PROFILE))"; \
-	  PYTHONPATH=$(CURDIR) $(PY) -m papermill $$nb $(OUT)/$$(basename $$nb) -k python3 --cwd notebooks \
+	  $(PY) -m papermill $$nb $(OUT)/$$(basename $$nb) -k python3 --cwd notebooks \
 	    -p profile $(PROFILE) -p launcher $(LAUNCHER) || exit 1; \
 	done
 	@echo "results in $(OUT)/"
 
 test: env
-	PYTHONPATH=$(CURDIR) $(PY) -m pytest -q tests
-	PYTHONPATH=$(CURDIR) $(PY) -m pytest -q --nbval --nbval-sanitize-with notebooks/sanitize.cfg --nbval-current-env notebooks
+	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-sanitize-with notebooks/sanitize.cfg --nbval-current-env $(NOTEBOOKS)
+
+# Re-execute the committed notebooks on smoke (what nbval checks), then tidy them.
+notebooks: env
+	@for nb in $(NOTEBOOKS); do $(PY) -m papermill $$nb $$nb -k python3 --cwd notebooks -p profile smoke || exit 1; done
+	$(PY) notebooks/tidy.py $(NOTEBOOKS)
 
 lab: env
-	PYTHONPATH=$(CURDIR) $(VENV)/bin/jupyter lab notebooks
+	$(VENV)/bin/jupyter lab notebooks

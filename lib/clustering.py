@@ -9,7 +9,7 @@ All steps are batched torch ops, so the same code clusters 151,936 x 9,496 on a 
 from __future__ import annotations
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 
 def unit(x: torch.Tensor) -> torch.Tensor:

@@ -65,6 +65,24 @@ def load_model(path: str, dtype: str, device: str, awq_backend: str = ""):
     return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
 
 
+def is_available(name: str) -> bool:
+    """A local directory with config.json, or a hub id already in the local Hugging Face cache."""
+    if Path(name).expanduser().is_dir():
+        return Path(name, "config.json").expanduser().exists()
+    from huggingface_hub import try_to_load_from_cache
+    return isinstance(try_to_load_from_cache(name, "config.json"), str)
+
+
+def check_pretrained_available(profile: Profile) -> None:
+    """Stop before any work if a pretrained model is missing, naming each and how to fetch it."""
+    names = [profile.models.target, profile.models.draft, profile.models.flash_draft]
+    missing = [n for n in names if not is_available(n)]
+    if missing:
+        lines = "\n".join(f"  {n}:  huggingface-cli download {n}" for n in missing)
+        raise FileNotFoundError(f"profile {profile.name!r} needs model weights that are not on this machine:\n{lines}\n"
+                                "(or set models.* in the profile to local directories)")
+
+
 def load_target(profile: Profile):
     syn = profile.models.synthetic
     if profile.models.source == "synthetic" and not syn.save_target:

@@ -1,0 +1,303 @@
+"""Notebook 04: per-mode aggregates, metric identities, the thesis's tables 4.1-4.11 beside ours,
+figures, and outputs/<profile>/summary.json."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import yaml
+
+from .config import PARAMS, Profile
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+MODES = ["baseline", "dense_ordinary", "dense_shared_ordinary", "flash_ordinary",
+         "dense_deferred", "dense_shared_deferred", "flash_deferred"]
+LABELS = {"baseline": "Baseline", "dense_ordinary": "Dense draft", "dense_shared_ordinary": "Dense shared",
+          "flash_ordinary": "FlashHead draft", "dense_deferred": "Dense deferred",
+          "dense_shared_deferred": "Dense shared deferred", "flash_deferred": "FlashHead deferred"}
+
+
+def thesis_numbers() -> dict:
+    return yaml.safe_load((PARAMS / "thesis_tables.yaml").read_text())
+
+
+def records_frame(records: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(records)
+    for phase in ("initial", "draft", "verify", "finalize", "call_draft_body", "call_draft_head", "call_target"):
+        df[phase + "_ms"] = [s.get(phase, 0.0) for s in df["spans_ms"]]
+    return df
+
+
+def aggregate(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per mode. Decode tok/s = sum of decode tokens / sum of decode time (thesis 4.2);
+    acceptance = accepted / proposed; mean emitted = (accepted + rounds) / rounds."""
+    g = df.groupby("mode", sort=False)
+    s = g[["decode_tokens", "decode_ms", "accepted", "proposed", "rounds", "verify_calls", "append_calls", "skipped",
+           "initial_ms", "draft_ms", "verify_ms", "finalize_ms", "call_draft_body_ms", "call_draft_head_ms",
+           "call_target_ms", "model_call_ms"]].sum()
+    out = pd.DataFrame({
+        "samples": g.size(),
+        "decode_tok_s": 1000 * s.decode_tokens / s.decode_ms,
+        "ttft_ms": g.ttft_ms.mean(),
+        "decode_total_ms": s.decode_ms,
+        "acceptance": (s.accepted / s.proposed).where(s.proposed > 0),
+        "mean_emitted": ((s.accepted + s.rounds) / s.rounds).where(s.rounds > 0),
+        "rounds": s.rounds, "verify_calls": s.verify_calls, "append_calls": s.append_calls, "skipped": s.skipped,
+        "ms_per_round": (s.decode_ms / s.rounds).where(s.rounds > 0),
+        "initial_ms": s.initial_ms, "draft_ms": s.draft_ms, "verify_ms": s.verify_ms, "finalize_ms": s.finalize_ms,
+        "draft_body_ms": s.call_draft_body_ms, "draft_head_ms": s.call_draft_head_ms,
+        "exact_match_rate": g.exact_match.mean(),
+        "engine_overhead_frac": 1 - s.model_call_ms / s.decode_ms,
+    })
+    for phase in ("initial", "draft", "verify", "finalize"):
+        out[phase + "_share"] = out[phase + "_ms"] / out.decode_total_ms
+    return out.reindex([m for m in MODES if m in out.index])
+
+
+def identities(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-record checks of the metric definitions against the raw counters."""
+    spec = df[df["mode"] != "baseline"]
+    lens = spec.accepted_lengths
+    checks = {
+        "accepted == sum of accepted lengths": (spec.accepted == lens.map(sum)).all(),
+        "decode tokens == sum of (accepted + 1) per round": (spec.decode_tokens == lens.map(lambda a: sum(a) + len(a))).all(),
+        "rounds == number of accepted lengths": (spec.rounds == lens.map(len)).all(),
+        "accepted <= proposed": (spec.accepted <= spec.proposed).all(),
+        "ordinary: append calls == rounds": (spec[spec.schedule == "ordinary"].eval("append_calls == rounds")).all(),
+        "deferred: one append call (the first token)": (spec[spec.schedule == "deferred"].append_calls == 1).all(),
+        "verify calls + skipped <= rounds": (spec.verify_calls + spec.skipped <= spec.rounds).all(),
+        "baseline: append calls == decode tokens": (df[df["mode"] == "baseline"].eval("append_calls == decode_tokens")).all(),
+        "every output has max_new_tokens tokens": (df.tokens.map(len) == df.decode_tokens + 1).all(),
+    }
+    return pd.DataFrame({"identity": list(checks), "holds": [bool(v) for v in checks.values()]})
+
+
+def thesis_consistency(k: int = 6, max_new: int = 64) -> pd.DataFrame:
+    """Do the thesis's own numbers fit its definitions? Implied proposals per round, rounds, calls."""
+    t = thesis_numbers()
+    rows = []
+    for table, mode in (("table_4_7", "dense_ordinary"), ("table_4_7", "flash_ordinary"),
+                        ("table_4_9", "dense_deferred"), ("table_4_9", "flash_deferred")):
+        r = t[table][mode]
+        acc, em = r["acceptance"], r["mean_emitted"]
+        row = {"table": table.replace("table_", "").replace("_", "."), "mode": mode, "acceptance": acc,
+               "mean_emitted": em, "implied_proposed_per_round": (em - 1) / acc, "block_length_K": k}
+        if "samples" in r:
+            tokens = r["samples"] * (max_new - 1)
+            row.update(implied_rounds=tokens / em, verify_calls=r["verify_calls"])
+        row["fits"] = row["implied_proposed_per_round"] <= k + 1e-9
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- thesis tables, ours beside theirs
+
+def _side(ours: dict, theirs: dict, label: str, source: str) -> list[dict]:
+    return [{"Mode": label, "Source": source, **ours}, {"Mode": label, "Source": "thesis", **theirs}]
+
+
+def _stat_row(d: dict) -> dict:
+    return {"Mean latency (ms)": d["mean_ms"], "P50 (ms)": d["p50_ms"], "P95 (ms)": d["p95_ms"], "Tok/s": d["tok_s"]}
+
+
+def micro_tables(profile: Profile, micro: dict) -> dict[str, pd.DataFrame]:
+    """Tables 4.1-4.4: head latency and draft decode step, ours beside the thesis's."""
+    t, src = thesis_numbers(), profile.name
+    tabs = {}
+    tabs["4.1"] = pd.DataFrame(
+        _side(_stat_row(micro["head"]["dense"]), _stat_row(t["table_4_1"]["dense"]), "Dense LM head", src)
+        + _side(_stat_row(micro["head"]["flash"]), _stat_row(t["table_4_1"]["flash"]), "FlashHead", src))
+    tabs["4.3"] = pd.DataFrame(
+        _side(_stat_row(micro["model_step"]["dense"]), _stat_row(t["table_4_3"]["dense"]), "Dense model", src)
+        + _side(_stat_row(micro["model_step"]["flash"]), _stat_row(t["table_4_3"]["flash"]), "Flash model", src))
+    for n, key, tt, label in (("4.2", "head", "table_4_2", "Dense LM head vs. FlashHead"),
+                              ("4.4", "model_step", "table_4_4", "Dense model vs. Flash model")):
+        m = micro[key]
+        tabs[n] = pd.DataFrame([
+            {"Comparison": label, "Source": src, "Dense (ms)": m["dense"]["mean_ms"], "Flash (ms)": m["flash"]["mean_ms"],
+             "Speedup": m["speedup"]},
+            {"Comparison": label, "Source": "thesis", "Dense (ms)": t[tt]["dense_ms"], "Flash (ms)": t[tt]["flash_ms"],
+             "Speedup": t[tt]["speedup"]}])
+    return {k: tabs[k] for k in ("4.1", "4.2", "4.3", "4.4")}
+
+
+def e2e_tables(profile: Profile, agg: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Tables 4.5-4.11: end-to-end runs, phase profile, deferred schedule, ours beside the thesis's."""
+    t, src = thesis_numbers(), profile.name
+    tabs = {}
+
+    def e2e(cols: dict, table: str, modes: list[str]) -> pd.DataFrame:
+        rows = []
+        for m in modes:
+            if m not in agg.index:
+                continue
+            ours = {c: agg.loc[m, k] for c, k in cols.items()}
+            theirs = {c: t[table].get(m, {}).get(k) for c, k in cols.items()}
+            rows += _side(ours, theirs, LABELS[m], src)
+        return pd.DataFrame(rows)
+
+    tabs["4.5"] = e2e({"Decode Tok/s": "decode_tok_s", "TTFT (ms)": "ttft_ms", "Acceptance": "acceptance",
+                       "Decode total (ms)": "decode_total_ms", "Draft propose (ms)": "draft_ms",
+                       "Base verify (ms)": "verify_ms", "Finalize (ms)": "finalize_ms"},
+                      "table_4_5", ["baseline", "dense_ordinary", "flash_ordinary"])
+    tabs["4.7"] = e2e({"Decode Tok/s": "decode_tok_s", "Decode total (ms)": "decode_total_ms",
+                       "Draft propose share": "draft_share", "Base verify share": "verify_share",
+                       "Finalize share": "finalize_share", "Acceptance": "acceptance", "Mean emitted": "mean_emitted"},
+                      "table_4_7", ["dense_ordinary", "dense_shared_ordinary", "flash_ordinary"])
+    tabs["4.9"] = e2e({"Samples": "samples", "Decode Tok/s": "decode_tok_s", "TTFT (ms)": "ttft_ms",
+                       "Decode total (ms)": "decode_total_ms", "Acceptance": "acceptance", "Mean emitted": "mean_emitted",
+                       "Base verify calls": "verify_calls", "Base append calls": "append_calls"},
+                      "table_4_9", ["baseline", "dense_deferred", "flash_deferred"])
+    tabs["4.6"] = speedups(agg, t["table_4_6"], src, ["baseline", "dense_ordinary", "flash_ordinary"])
+    tabs["4.10"] = speedups(agg, t["table_4_10"], src, ["baseline", "dense_deferred", "flash_deferred"])
+    tabs["4.8"] = diagnosis(agg, t["table_4_8"], src)
+    tabs["4.11"] = draft_path(agg, t["table_4_11"], src)
+    return {k: tabs[k] for k in sorted(tabs, key=lambda s: int(s.split(".")[1]))}
+
+
+def speedups(agg: pd.DataFrame, theirs: dict, src: str, modes: list[str]) -> pd.DataFrame:
+    base, dense, flash = modes
+    rows = []
+    for key, (a, b) in {"baseline_vs_dense": (base, dense), "baseline_vs_flash": (base, flash),
+                        "dense_vs_flash": (dense, flash)}.items():
+        if a in agg.index and b in agg.index:
+            ta, tb = agg.loc[a, "decode_tok_s"], agg.loc[b, "decode_tok_s"]
+            label = f"{LABELS[a]} vs. {LABELS[b]}"
+            rows += [{"Comparison": label, "Source": src, "A (tok/s)": ta, "B (tok/s)": tb, "Speedup": tb / ta},
+                     {"Comparison": label, "Source": "thesis", "A (tok/s)": theirs[key]["a"],
+                      "B (tok/s)": theirs[key]["b"], "Speedup": theirs[key]["speedup"]}]
+    return pd.DataFrame(rows)
+
+
+def diagnosis(agg: pd.DataFrame, theirs: dict, src: str) -> pd.DataFrame:
+    if "flash_ordinary" not in agg.index:
+        return pd.DataFrame()
+    f = agg.loc["flash_ordinary"]
+    proposal = f.draft_ms
+    ours = {"outside_proposal_share": 1 - f.draft_share, "head_share_of_decode": f.draft_head_ms / f.decode_total_ms,
+            "body_share_of_proposal": f.draft_body_ms / proposal, "head_share_of_proposal": f.draft_head_ms / proposal,
+            "acceptance": f.acceptance, "mean_emitted": f.mean_emitted}
+    names = {"outside_proposal_share": "Share of decode time outside draft proposal",
+             "head_share_of_decode": "Proposal head share of decode time",
+             "body_share_of_proposal": "Draft body share of proposal time",
+             "head_share_of_proposal": "Draft head share of proposal time",
+             "acceptance": "Acceptance", "mean_emitted": "Mean emitted per round"}
+    return pd.DataFrame([{"Evidence (FlashHead draft)": names[k], src: ours[k], "thesis": theirs[k]} for k in names])
+
+
+def draft_path(agg: pd.DataFrame, theirs: dict, src: str) -> pd.DataFrame:
+    rows = []
+    for m in ("dense_deferred", "flash_deferred"):
+        if m not in agg.index:
+            continue
+        r = agg.loc[m]
+        tokens = r.decode_tok_s * r.decode_total_ms / 1000
+        ours = {"Draft path (ms)": r.draft_ms, "Draft path share": r.draft_share,
+                "Draft ms/decode tok": r.draft_ms / tokens, "Draft path Tok/s": 1000 * tokens / r.draft_ms}
+        th = theirs[m]
+        rows += _side(ours, {"Draft path (ms)": th["draft_ms"], "Draft path share": th["draft_share"],
+                             "Draft ms/decode tok": th["draft_ms_per_token"], "Draft path Tok/s": th["draft_tok_s"]},
+                      LABELS[m], src)
+    return pd.DataFrame(rows)
+
+
+def save_tables(tabs: dict[str, pd.DataFrame], out_dir: Path) -> Path:
+    """All tables in one markdown file (and one CSV each) under outputs/<profile>/tables/."""
+    d = Path(out_dir) / "tables"
+    d.mkdir(parents=True, exist_ok=True)
+    md = []
+    for name, tab in tabs.items():
+        tab.to_csv(d / f"table_{name.replace('.', '_')}.csv", index=False)
+        md.append(f"## Table {name}\n\n{tab.to_markdown(index=False, floatfmt='.4g')}\n")
+    (d / "tables.md").write_text("\n".join(md))
+    return d
+
+
+# ---------------------------------------------------------------- figures
+
+def figures(df: pd.DataFrame, agg: pd.DataFrame, micro: dict, out_dir: Path) -> dict[str, Path]:
+    d = Path(out_dir) / "figures"
+    d.mkdir(parents=True, exist_ok=True)
+    sns.set_theme(style="whitegrid", context="notebook")
+    paths = {}
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for ax, key, title in ((axes[0], "head", "Head latency"), (axes[1], "model_step", "Draft decode step")):
+        raw = micro[key]["raw_ms"]
+        long = pd.DataFrame([(k, v) for k, vs in raw.items() for v in vs], columns=["head", "ms"])
+        sns.boxplot(long, x="head", y="ms", ax=ax, hue="head", legend=False)
+        ax.set(title=title, xlabel="", ylabel="ms per call")
+    paths["latency"] = _save(fig, d / "latency_distributions.png")
+
+    spec = agg[agg.index != "baseline"]
+    shares = spec[["initial_share", "draft_share", "verify_share", "finalize_share"]].rename(
+        index=LABELS, columns=lambda c: c.replace("_share", ""))
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    shares.plot.barh(stacked=True, ax=ax, colormap="viridis")
+    ax.set(xlabel="share of decode wall time", title="Phase shares per round schedule")
+    ax.legend(loc="lower right", fontsize=8)
+    paths["phases"] = _save(fig, d / "phase_shares.png")
+
+    lens = df[df["mode"] != "baseline"][["mode", "accepted_lengths"]].explode("accepted_lengths")
+    lens["accepted"] = lens.accepted_lengths.astype(int)
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    sns.histplot(lens, x="accepted", hue="mode", multiple="dodge", discrete=True, stat="probability",
+                 common_norm=False, ax=ax, shrink=0.8)
+    ax.set(title="Accepted draft tokens per round (synthetic pair: acceptance is artificial)", xlabel="accepted")
+    paths["accepted"] = _save(fig, d / "accepted_lengths.png")
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    tps = df.assign(tok_s=1000 * df.decode_tokens / df.decode_ms)
+    sns.boxplot(tps, y="mode", x="tok_s", ax=ax, order=[m for m in MODES if m in agg.index], hue="mode", legend=False)
+    ax.set(title="Per-sample decode throughput", xlabel="decode tok/s", ylabel="")
+    paths["throughput"] = _save(fig, d / "decode_throughput.png")
+    return paths
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------- summary.json
+
+def summary(profile: Profile, device: str, clus: dict, micro: dict, agg: pd.DataFrame, extra: dict | None = None) -> dict:
+    keep = ("n_tokens", "n_clusters", "cluster_size", "equal_sizes", "seconds", "mean_cosine",
+            "mean_cosine_unconstrained", "top1_containment", "n_probes")
+    e2e = {}
+    for m, r in agg.iterrows():
+        e2e[m] = {k: _num(r[k]) for k in ("decode_tok_s", "ttft_ms", "acceptance", "mean_emitted", "verify_calls",
+                                          "append_calls", "exact_match_rate", "engine_overhead_frac", "samples",
+                                          "ms_per_round", "draft_share", "verify_share", "finalize_share")}
+    out = {
+        "profile": profile.name, "device": device,
+        "acceptance_note": "synthetic pair: acceptance is artificial" if profile.models.source == "synthetic" else "real models",
+        "clustering": {k: clus[k] for k in keep if k in clus},
+        "head": {"dense_ms": micro["head"]["dense"]["mean_ms"], "flash_ms": micro["head"]["flash"]["mean_ms"],
+                 "speedup": micro["head"]["speedup"], "n_probes": micro["n_probes"]},
+        "model_step": {"dense_ms": micro["model_step"]["dense"]["mean_ms"],
+                       "flash_ms": micro["model_step"]["flash"]["mean_ms"], "speedup": micro["model_step"]["speedup"]},
+        "e2e": e2e,
+    }
+    out.update(extra or {})
+    return out
+
+
+def _num(v):
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return None
+    return v.item() if hasattr(v, "item") else v
+
+
+def write_summary(profile: Profile, data: dict) -> Path:
+    path = profile.out_dir / "summary.json"
+    path.write_text(json.dumps(data, indent=1))
+    return path

@@ -1,0 +1,287 @@
+"""The study's steps, one function per notebook section; notebooks call these and show the results."""
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from . import bench, clustering as cl, models, prompts as prompt_lib
+from .config import Profile, as_dict, load_profile
+from .heads import DenseHead
+from .speculative import Draft, Target, generate_baseline, generate_speculative
+
+DRAFTS = ("dense", "flash", "dense_shared")
+
+
+def setup(profile_name: str) -> Profile:
+    """Load and validate the profile, seed everything, and make the output directory."""
+    profile = load_profile(profile_name)
+    random.seed(profile.seed)
+    np.random.seed(profile.seed)
+    torch.manual_seed(profile.seed)
+    profile.out_dir.mkdir(parents=True, exist_ok=True)
+    if profile.models.source == "pretrained":
+        models.check_pretrained_available(profile)
+    return profile
+
+
+def save_json(profile: Profile, name: str, data: dict) -> Path:
+    path = profile.out_dir / name
+    path.write_text(json.dumps(data, indent=1, default=float))
+    return path
+
+
+def read_json(profile: Profile, name: str) -> dict:
+    path = profile.out_dir / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run the earlier notebooks for profile {profile.name!r} first")
+    return json.loads(path.read_text())
+
+
+def prompt_set(profile: Profile) -> list[prompt_lib.Prompt]:
+    p = profile.prompts
+    path = prompt_lib.BUILTIN if p.file == "builtin" else Path(p.file).expanduser()
+    return prompt_lib.select(prompt_lib.load_questions(path), p.per_group, limit=p.limit)
+
+
+def encoded_prompts(profile: Profile, tokenizer) -> list[tuple[prompt_lib.Prompt, list[int]]]:
+    ps = prompt_set(profile)
+    return list(zip(ps, prompt_lib.encode(ps, tokenizer, profile.decode.max_prompt_tokens)))
+
+
+@torch.no_grad()
+def hidden_states(model, prompt_ids: list[list[int]]) -> torch.Tensor:
+    """The model's final normed hidden states at every prompt position: (sum of lengths, d)."""
+    runner = models.Runner(model, max(len(p) for p in prompt_ids))
+    dev = runner.device
+    return torch.cat([runner.forward(torch.tensor([p], device=dev), 0, graph=False)[0] for p in prompt_ids])
+
+
+# ---------------------------------------------------------------- notebook 01: re-clustering
+
+def recluster(profile: Profile, progress: bool = True) -> dict:
+    """Equal-size and unconstrained spherical k-means of the draft's output embeddings; writes the
+    FlashHead checkpoint for synthetic profiles. Returns the numbers notebook 01 shows."""
+    c = profile.clustering
+    draft = models.load_draft(profile)
+    tok = models.load_tokenizer(profile)
+    W = draft.get_output_embeddings().weight.detach()
+    dev = W.device
+    x = W.float()
+    bench.sync(dev)
+    t = time.perf_counter()
+    assign = cl.spherical_kmeans(x, c.n_clusters, c.iterations, profile.seed, True, c.candidates, progress)
+    bench.sync(dev)
+    seconds = time.perf_counter() - t
+    assign_u = cl.spherical_kmeans(x, c.n_clusters, c.iterations, profile.seed, False, progress=progress)
+    cents = cl.centroids_of(cl.unit(x), assign, c.n_clusters)
+    sizes = torch.bincount(assign, minlength=c.n_clusters)
+    H = hidden_states(draft, [ids for _, ids in encoded_prompts(profile, tok)]).to(W.dtype)
+    sweep = [{"n_probes": p, "top1": cl.containment(H, W, cents, assign, p, 1),
+              f"top{c.top_k}": cl.containment(H, W, cents, assign, p, c.top_k)} for p in c.probe_sweep]
+    result = {
+        "n_tokens": int(W.shape[0]), "hidden_size": int(W.shape[1]), "n_clusters": c.n_clusters,
+        "cluster_size": int(W.shape[0] // c.n_clusters), "equal_sizes": bool((sizes == sizes[0]).all()),
+        "min_size": int(sizes.min()), "max_size": int(sizes.max()),
+        "every_token_once": bool(assign.numel() == W.shape[0] and assign.min() >= 0),
+        "seconds": seconds, "device": bench.device_name(dev),
+        "mean_cosine": cl.objective(x, assign, c.n_clusters),
+        "mean_cosine_unconstrained": cl.objective(x, assign_u, c.n_clusters),
+        "unconstrained_size_range": [int(s) for s in torch.bincount(assign_u, minlength=c.n_clusters).aminmax()],
+        "n_probes": c.n_probes, "n_hidden_states": int(H.shape[0]),
+        "top1_containment": cl.containment(H, W, cents, assign, c.n_probes, 1),
+        f"top{c.top_k}_containment": cl.containment(H, W, cents, assign, c.n_probes, c.top_k),
+        "probe_sweep": sweep,
+    }
+    if profile.models.source == "synthetic":
+        models.save_flash_checkpoint(models.model_path(profile, "draft"), profile.flash_dir, cents, assign,
+                                     c.n_probes, models.special_token_ids(tok))
+    save_json(profile, "clustering.json", result)
+    return result
+
+
+def ensure_flash_checkpoint(profile: Profile) -> Path:
+    """The FlashHead draft checkpoint, made by re-clustering if an earlier notebook has not made it."""
+    if profile.models.source == "synthetic" and not (profile.flash_dir / "config.json").exists():
+        recluster(profile, progress=False)
+    return profile.flash_dir
+
+
+# ---------------------------------------------------------------- shared model set-up
+
+def max_len(profile: Profile) -> int:
+    d = profile.decode
+    return d.max_prompt_tokens + d.max_new_tokens + d.k + 8
+
+
+def load_drafts(profile: Profile, which=DRAFTS) -> dict[str, Draft]:
+    """Draft engines: dense (dense checkpoint + dense head), flash (Flash checkpoint + FlashHead),
+    dense_shared (Flash checkpoint body + its dense head)."""
+    graphs = profile.bench.cuda_graphs
+    out = {}
+    if "dense" in which:
+        m = models.load_draft(profile)
+        out["dense"] = make_draft(m, DenseHead(m.get_output_embeddings().weight), profile, graphs)
+    if {"flash", "dense_shared"} & set(which):
+        ensure_flash_checkpoint(profile)
+        m, fh = models.load_flash_draft(profile)
+        runner = models.Runner(m, max_len(profile), graphs)
+        for name, head in (("flash", fh), ("dense_shared", DenseHead(m.get_output_embeddings().weight))):
+            if name in which:
+                out[name] = Draft(runner, graphed(head, m, graphs))
+    return out
+
+
+def graphed(head, model, graphs: bool) -> models.GraphedHead:
+    W = model.get_output_embeddings().weight
+    return models.GraphedHead(head, W.shape[1], W.device, W.dtype, graphs)
+
+
+def make_draft(model, head, profile: Profile, graphs: bool) -> Draft:
+    return Draft(models.Runner(model, max_len(profile), graphs), graphed(head, model, graphs))
+
+
+# ---------------------------------------------------------------- notebook 02: microbenchmarks
+
+def head_and_step_bench(profile: Profile) -> dict:
+    """Thesis 4.1-4.4: single-step head latency (same hidden state) and complete draft decode step,
+    dense vs FlashHead, plus head latency against the probe count. Alternating order, warm-up first."""
+    b = profile.bench
+    drafts = load_drafts(profile, ("dense", "flash"))
+    dense, flash = drafts["dense"], drafts["flash"]
+    dev = dense.runner.device
+    tok = models.load_tokenizer(profile)
+    prompt = encoded_prompts(profile, tok)[0][1]
+    for d in (dense, flash):
+        d.runner.forward(torch.tensor([prompt], device=dev), 0, graph=False)
+    pos = len(prompt)
+    x = torch.tensor([[prompt[-1]]], device=dev)
+    h = flash.runner.forward(x, pos)[:, -1].clone()                                # the same hidden state
+    heads = interleaved_stats({"dense": lambda: dense.head(h), "flash": lambda: flash.head(h)}, b, dev)
+    step = interleaved_stats({"dense": lambda: dense.head(dense.runner.forward(x, pos)[:, -1]),
+                              "flash": lambda: flash.head(flash.runner.forward(x, pos)[:, -1])}, b, dev)
+    fh = flash.head.head
+    sweep = []
+    for p in profile.clustering.probe_sweep:
+        g = graphed(fh.with_probes(p), flash.runner.model, profile.bench.cuda_graphs)
+        sweep.append({"n_probes": p, **bench.stats(bench.time_calls(lambda: g(h), b.warmup, b.iters, dev))})
+    result = {"device": bench.device_name(dev), "n_probes": fh.n_probes, "head": heads, "model_step": step,
+              "probe_sweep": sweep}
+    save_json(profile, "microbench.json", result)
+    return result
+
+
+def interleaved_stats(fns: dict, b, dev) -> dict:
+    raw = bench.interleaved(fns, b.warmup, b.iters, dev)
+    out = {name: bench.stats(ms) for name, ms in raw.items()}
+    out["speedup"] = out["dense"]["mean_ms"] / out["flash"]["mean_ms"]
+    out["raw_ms"] = raw
+    return out
+
+
+# ---------------------------------------------------------------- notebook 03: end-to-end runs
+
+def mode_list(profile: Profile) -> list[tuple[str, str | None]]:
+    """(draft, schedule) pairs; the baseline has no draft."""
+    d = profile.decode
+    out = [("baseline", None)] if "baseline" in d.modes else []
+    return out + [(m, s) for m in DRAFTS if m in d.modes for s in d.schedules]
+
+
+def mode_name(draft: str, schedule: str | None) -> str:
+    return draft if schedule is None else f"{draft}_{schedule}"
+
+
+def sample_keys(profile: Profile, n_prompts: int) -> list[tuple[int, int, str, str | None]]:
+    """(iteration, prompt index, draft, schedule) in run order; the mode order rotates per sample."""
+    modes = mode_list(profile)
+    keys = []
+    for it in range(profile.bench.e2e_iters):
+        for i in range(n_prompts):
+            r = (it * n_prompts + i) % len(modes)
+            keys += [(it, i, *m) for m in modes[r:] + modes[:r]]
+    return keys
+
+
+def run_one(target: Target, drafts: dict[str, Draft], profile: Profile, ids: list[int], draft: str,
+            schedule: str | None):
+    d = profile.decode
+    if draft == "baseline":
+        return generate_baseline(target, ids, d.max_new_tokens)
+    return generate_speculative(target, drafts[draft], ids, d.max_new_tokens, d.k, schedule)
+
+
+def record(res, prompt: prompt_lib.Prompt, ids: list[int], it: int, draft: str, schedule: str | None) -> dict:
+    spans = res.spans_ms
+    calls = sum(v for k, v in spans.items() if k.startswith("call_"))          # model and head calls
+    return {
+        "mode": mode_name(draft, schedule), "draft": draft, "schedule": schedule or "baseline",
+        "question_id": prompt.question_id, "group": prompt.group, "iteration": it, "prompt_tokens": len(ids),
+        "ttft_ms": res.ttft_ms, "decode_ms": res.decode_ms, "decode_tokens": res.decode_tokens,
+        "rounds": res.rounds, "proposed": res.proposed, "accepted": res.accepted,
+        "accepted_lengths": res.accepted_lengths, "verify_calls": res.verify_calls,
+        "append_calls": res.append_calls, "skipped": res.skipped, "spans_ms": spans,
+        "model_call_ms": calls, "tokens": res.tokens,
+    }
+
+
+def run_e2e(profile: Profile, run_dir: Path | None = None, shard: tuple[int, int] = (0, 1),
+            progress: bool = True) -> Path:
+    """Notebook 03's sample set (prompts x iterations x modes); raw JSONL beside the configuration.
+
+    run_dir=None starts a new run directory; an existing unfinished one is resumed (finished samples
+    are skipped). shard=(i, n) runs every n-th prompt starting at i (for Slurm arrays)."""
+    tok = models.load_tokenizer(profile)
+    enc = encoded_prompts(profile, tok)
+    if run_dir is None:
+        run_dir = bench.new_run(profile.out_dir, {"profile": as_dict(profile), "device": device_info(profile),
+                                                  "prompts": [p.question_id for p, _ in enc]})
+    done = {(r["iteration"], r["question_id"], r["mode"]) for r in bench.read_records(run_dir)}
+    keys = [k for k in sample_keys(profile, len(enc)) if k[1] % shard[1] == shard[0]
+            and (k[0], enc[k[1]][0].question_id, mode_name(*k[2:])) not in done]
+    if not keys:
+        return run_dir
+    target = Target(models.Runner(models.load_target(profile), max_len(profile), profile.bench.cuda_graphs))
+    drafts = load_drafts(profile, [m for m, _ in mode_list(profile) if m != "baseline"])
+    for draft, schedule in mode_list(profile):                                    # warm-up, not recorded
+        for _ in range(profile.bench.e2e_warmup):
+            run_one(target, drafts, profile, enc[0][1], draft, schedule)
+    for it, i, draft, schedule in tqdm(keys, desc=f"e2e {profile.name}", disable=not progress):
+        prompt, ids = enc[i]
+        res = run_one(target, drafts, profile, ids, draft, schedule)
+        bench.append_record(run_dir, record(res, prompt, ids, it, draft, schedule))
+    return run_dir
+
+
+def finish_run(run_dir: Path) -> list[dict]:
+    """Mark exact matches against the baseline's greedy output, then close the run."""
+    recs = bench.read_records(run_dir)
+    ref = {(r["iteration"], r["question_id"]): r["tokens"] for r in recs if r["mode"] == "baseline"}
+    for r in recs:
+        r["exact_match"] = r["tokens"] == ref.get((r["iteration"], r["question_id"]))
+    (run_dir / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    bench.mark_finished(run_dir)
+    return recs
+
+
+def device_info(profile: Profile) -> dict:
+    return {"target": bench.device_name(profile.target_device), "draft": bench.device_name(profile.draft_device),
+            "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+def run_e2e_launch(profile: Profile, launcher: str = "local") -> Path:
+    """Run notebook 03's sample set here (local) or sharded over a Slurm array (slurm)."""
+    if launcher == "local":
+        return run_e2e(profile)
+    raise ValueError(f"unknown launcher {launcher!r}: use local or slurm")
+
+
+def extra_summary(profile: Profile) -> dict:
+    """Profile-specific additions to summary.json (GPU profiles add target-step timings)."""
+    path = profile.out_dir / "target_step.json"
+    return {"target_step": json.loads(path.read_text())} if path.exists() else {}
