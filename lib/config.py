@@ -85,6 +85,8 @@ class Bench:
     e2e_warmup: int                   # speculative warm-up passes over the first prompt
     e2e_iters: int                    # measured passes over the prompt set
     cuda_graphs: bool = True          # capture decode/verify/head calls in CUDA graphs (GPU only)
+    compile_draft: bool = False       # fuse the draft body's small ops with torch.compile (GPU only)
+    verify_lengths: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8])
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ def ensure_synthetic(profile: Profile) -> Path:
     syn = profile.models.synthetic
     shutil.rmtree(root, ignore_errors=True)
     device = "cuda" if torch.cuda.is_available() and profile.draft_device.startswith("cuda") else "cpu"
-    target, draft = make_pair(syn, profile.seed, profile.dtype, device)
+    which = ("target", "draft") if syn.save_target else ("draft",)
+    target, draft = make_pair(syn, profile.seed, profile.dtype, device, which)
     corpus = [p.text for p in prompt_lib.load_questions(prompt_lib.BUILTIN)]
     tok = make_tokenizer(syn.vocab_size, corpus)
     for name, model in (("draft", draft), ("target", target)):
@@ -87,7 +88,7 @@ def load_target(profile: Profile):
     syn = profile.models.synthetic
     if profile.models.source == "synthetic" and not syn.save_target:
         ensure_synthetic(profile)                                      # draft on disk; target rebuilt in memory
-        return make_pair(syn, profile.seed, profile.dtype, profile.target_device)[0]
+        return make_pair(syn, profile.seed, profile.dtype, profile.target_device, ("target",))[0]
     return load_model(model_path(profile, "target"), profile.dtype, profile.target_device, profile.models.awq_backend)
 
 
@@ -196,7 +197,7 @@ class Runner:
     CUDA graph and replayed (graphs=True on CUDA). On CPU the same code runs eagerly.
     """
 
-    def __init__(self, model, max_len: int, graphs: bool = False):
+    def __init__(self, model, max_len: int, graphs: bool = False, compile: bool = False):
         cfg = model.config
         self.model, self.body = model, model.model
         self.device = model.get_output_embeddings().weight.device
@@ -214,6 +215,8 @@ class Runner:
         self.arange = pos
         self.graphs = graphs and self.device.type == "cuda"
         self._graphs: dict = {}
+        # Optionally fuse the small per-layer ops with torch.compile (fixed n per captured graph).
+        self._fused = torch.compile(self._forward, fullgraph=True, dynamic=False) if compile else self._forward
 
     def _layer(self, i: int, layer, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         att = layer.self_attn
@@ -240,38 +243,43 @@ class Runner:
             x = self._layer(i, layer, x, pos, mask)
         return self.body.norm(x)
 
-    def _greedy(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-        h = self._forward(ids, start)[0]                                                    # (n,d)
-        return (h @ self.model.get_output_embeddings().weight.T).argmax(-1)                 # (n,)
+    def _argmax(self, h: torch.Tensor) -> torch.Tensor:
+        return (h[0] @ self.model.get_output_embeddings().weight.T).argmax(-1)              # (n,)
+
+    def _step(self, kind: str, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """What one CUDA graph holds: the (fused) forward, plus the dense argmax for kind 'greedy'."""
+        h = self._fused(ids, start)
+        return h if kind == "hidden" else self._argmax(h)
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, start: int, graph: bool = True) -> torch.Tensor:
         """Final normed hidden states (1,n,d) for ids (1,n) at positions start.. (writes the cache)."""
-        return self._run(self._forward, ids, start, graph)
+        return self._run("hidden", ids, start, graph)
 
     @torch.no_grad()
     def greedy(self, ids: torch.Tensor, start: int, graph: bool = True) -> torch.Tensor:
         """The model's own dense-head argmax after each of ids (1,n): (n,) on the device."""
-        return self._run(self._greedy, ids, start, graph)
+        return self._run("greedy", ids, start, graph)
 
-    def _run(self, fn, ids: torch.Tensor, start: int, graph: bool) -> torch.Tensor:
+    def _run(self, kind: str, ids: torch.Tensor, start: int, graph: bool) -> torch.Tensor:
         n = ids.shape[1]
         if start + n > self.max_len:
             raise ValueError(f"KV cache of {self.max_len} positions cannot hold {start + n}")
-        if not (graph and self.graphs):
-            return fn(ids, torch.tensor(start, device=self.device))
-        g = self._graphs.get((fn.__name__, n)) or self._capture(fn, n)
+        if not (graph and self.graphs):                                                     # eager, any n
+            h = self._forward(ids, torch.tensor(start, device=self.device))
+            return h if kind == "hidden" else self._argmax(h)
+        g = self._graphs.get((kind, n)) or self._capture(kind, n)
         g["ids"].copy_(ids)
         g["start"].fill_(start)
         g["graph"].replay()
         return g["out"]
 
-    def _capture(self, fn, n: int) -> dict:
+    def _capture(self, kind: str, n: int) -> dict:
         ids = torch.zeros(1, n, dtype=torch.long, device=self.device)
         start = torch.zeros((), dtype=torch.long, device=self.device)
-        graph, out = capture(lambda: fn(ids, start))
-        self._graphs[(fn.__name__, n)] = dict(graph=graph, ids=ids, start=start, out=out)
-        return self._graphs[(fn.__name__, n)]
+        graph, out = capture(lambda: self._step(kind, ids, start))
+        self._graphs[(kind, n)] = dict(graph=graph, ids=ids, start=start, out=out)
+        return self._graphs[(kind, n)]
 
 
 def capture(fn):

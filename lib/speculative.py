@@ -103,63 +103,71 @@ def generate_baseline(target: Target, prompt: list[int], max_new: int) -> Result
 
 def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_new: int, k: int,
                          schedule: str) -> Result:
-    """Greedy speculative decoding (ordinary or deferred); output equals target greedy decoding."""
+    """Greedy speculative decoding (ordinary or deferred); output equals target greedy decoding.
+
+    Emitted tokens live in a device buffer, so model inputs are sliced on the device; the host
+    reads tokens once per round (the accepted length), never inside the proposal loop.
+    """
     if schedule not in ("ordinary", "deferred"):
         raise ValueError(f"unknown schedule {schedule!r}: use ordinary or deferred")
     tdev, ddev = target.runner.device, draft.runner.device
     clock = Clock(tdev)
+    P = len(prompt)
     t0 = time.perf_counter()
-    seq = list(prompt)
+    buf = torch.zeros(P + max_new, dtype=torch.long, device=tdev)                  # prompt + emitted tokens
+    buf[:P] = torch.tensor(prompt)
+    seq = list(prompt)                                                              # host copy of buf
     first = prefill(target, clock, prompt)
     seq.append(first.item())
+    buf[P] = first[0]
     t1 = time.perf_counter()
     res = Result([], 1000 * (t1 - t0), 0.0)
 
     with clock.span("initial"):
-        draft.runner.forward(torch.tensor([prompt], device=ddev), 0, graph=False)   # draft prefill
-        pending = target.greedy(clock, first.view(1, 1), len(prompt))              # initial target append
-    t_pos, d_pos = len(seq), len(prompt)                                            # tokens in each cache
+        draft.runner.forward(buf[None, :P].to(ddev), 0, graph=False)               # draft prefill
+        pending = target.greedy(clock, buf[None, P:P + 1], P)                       # initial target append
+    t_pos, d_pos = P + 1, P                                                         # tokens in each cache
     res.append_calls = 1
 
-    while len(seq) - len(prompt) < max_new:
+    while len(seq) - P < max_new:
         n = len(seq)
-        kk = min(k, max_new - (n - len(prompt)) - 1)                                 # never overshoot max_new
-        props = torch.empty(0, dtype=torch.long, device=tdev)
+        kk = min(k, max_new - (n - P) - 1)                                          # never overshoot max_new
+        props = buf[n:n]                                                            # (0,) until proposed
         with clock.span("draft"):
             if kk > 0:
-                catch = torch.tensor([seq[d_pos:]], device=ddev)
-                props = draft.propose(clock, catch, d_pos, kk).to(tdev)
+                props = draft.propose(clock, buf[None, d_pos:n].to(ddev), d_pos, kk).to(tdev)
                 d_pos = n + kk - 1
         with clock.span("verify"):
             if pending is not None:                                                 # target is up to date
-                head = torch.cat([props[:1], pending]).tolist()                     # one sync
-                if kk == 0 or head[0] != head[-1]:
+                got = torch.cat([props[:1], pending]).tolist()                      # one sync
+                if kk == 0 or got[0] != got[-1]:
                     res.skipped += kk > 0
-                    a, final = 0, head[-1]
-                    got = []
+                    a, final, new = 0, got[-1], pending
                 else:
-                    preds = target.greedy(clock, props.view(1, -1), t_pos)          # (kk,)
+                    preds = target.greedy(clock, props[None], t_pos)                # (kk,) after each proposal
                     res.verify_calls += 1
                     got = torch.cat([props, preds]).tolist()                        # one sync
                     a = 1 + accepted_prefix(got[1:kk], got[kk:2 * kk - 1])
-                    final = got[kk + a - 1]
+                    final, new = got[kk + a - 1], preds[a - 1:a]
             else:                                                                   # deferred: [final, d1..dK]
-                ids = torch.cat([torch.tensor(seq[t_pos:], device=tdev), props]).view(1, -1)
-                preds = target.greedy(clock, ids, t_pos)                            # (1+kk,)
+                preds = target.greedy(clock, torch.cat([buf[t_pos:n], props])[None], t_pos)   # (1+kk,)
                 res.verify_calls += 1
                 got = torch.cat([props, preds]).tolist()
                 a = accepted_prefix(got[:kk], got[kk:2 * kk])
-                final = got[kk + a]
+                final, new = got[kk + a], preds[a:a + 1]
+        buf[n:n + a] = props[:a]
+        buf[n + a:n + a + 1] = new
         seq += got[:a] + [final]
-        t_pos = n + a if (pending is None or a > 0) else t_pos                     # drop rejected positions
+        if pending is None or a > 0:                                                # drop rejected positions
+            t_pos = n + a
         d_pos = min(d_pos, n + a)
         res.rounds += 1
         res.proposed += kk
         res.accepted += a
         res.accepted_lengths.append(a)
         with clock.span("finalize"):
-            if schedule == "ordinary" and len(seq) - len(prompt) < max_new:
-                pending = target.greedy(clock, torch.tensor([[final]], device=tdev), t_pos)
+            if schedule == "ordinary" and len(seq) - P < max_new:
+                pending = target.greedy(clock, buf[None, t_pos:t_pos + 1], t_pos)    # single-token append
                 t_pos += 1
                 res.append_calls += 1
             else:
@@ -167,7 +175,7 @@ def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_ne
     sync(tdev)
     sync(ddev)
     res.decode_ms = 1000 * (time.perf_counter() - t1)
-    res.tokens = seq[len(prompt):]
+    res.tokens = seq[P:]
     res.spans_ms = clock.totals()
     return res
 

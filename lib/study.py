@@ -130,7 +130,7 @@ def load_drafts(profile: Profile, which=DRAFTS) -> dict[str, Draft]:
     if {"flash", "dense_shared"} & set(which):
         ensure_flash_checkpoint(profile)
         m, fh = models.load_flash_draft(profile)
-        runner = models.Runner(m, max_len(profile), graphs)
+        runner = draft_runner(m, profile)
         for name, head in (("flash", fh), ("dense_shared", DenseHead(m.get_output_embeddings().weight))):
             if name in which:
                 out[name] = Draft(runner, graphed(head, m, graphs))
@@ -143,7 +143,12 @@ def graphed(head, model, graphs: bool) -> models.GraphedHead:
 
 
 def make_draft(model, head, profile: Profile, graphs: bool) -> Draft:
-    return Draft(models.Runner(model, max_len(profile), graphs), graphed(head, model, graphs))
+    return Draft(draft_runner(model, profile), graphed(head, model, graphs))
+
+
+def draft_runner(model, profile: Profile) -> models.Runner:
+    cuda = torch.device(profile.draft_device).type == "cuda"
+    return models.Runner(model, max_len(profile), profile.bench.cuda_graphs, compile=cuda and profile.bench.compile_draft)
 
 
 # ---------------------------------------------------------------- notebook 02: microbenchmarks
@@ -182,6 +187,28 @@ def interleaved_stats(fns: dict, b, dev) -> dict:
     out["speedup"] = out["dense"]["mean_ms"] / out["flash"]["mean_ms"]
     out["raw_ms"] = raw
     return out
+
+
+def target_step_bench(profile: Profile, target=None) -> dict:
+    """Target latency: one single-token step, and verify calls of each block length (graph replays)."""
+    b = profile.bench
+    target = target or models.load_target(profile)
+    runner = models.Runner(target, max_len(profile), b.cuda_graphs)
+    dev = runner.device
+    tok = models.load_tokenizer(profile)
+    prompt = encoded_prompts(profile, tok)[0][1]
+    runner.forward(torch.tensor([prompt], device=dev), 0, graph=False)
+    pos = len(prompt)
+    ids = {n: torch.tensor([prompt[-n:]], device=dev) for n in b.verify_lengths}
+    fns = {str(n): (lambda n=n: runner.greedy(ids[n], pos)) for n in b.verify_lengths}
+    iters = max(10, b.iters // 10)
+    raw = bench.interleaved(fns, max(2, b.warmup // 4), iters, dev)
+    verify = {n: bench.stats(ms) for n, ms in raw.items()}
+    key = {"bfloat16": "bf16_ms", "float16": "fp16_ms", "float32": "fp32_ms"}[profile.dtype]
+    result = {"device": bench.device_name(dev), "dtype": profile.dtype, key: verify["1"]["mean_ms"],
+              "single": verify["1"], "verify_ms": {n: v["mean_ms"] for n, v in verify.items()}, "verify": verify}
+    save_json(profile, "target_step.json", result)
+    return result
 
 
 # ---------------------------------------------------------------- notebook 03: end-to-end runs
@@ -231,7 +258,7 @@ def record(res, prompt: prompt_lib.Prompt, ids: list[int], it: int, draft: str, 
 
 
 def run_e2e(profile: Profile, run_dir: Path | None = None, shard: tuple[int, int] = (0, 1),
-            progress: bool = True) -> Path:
+            progress: bool = True, target_model=None) -> Path:
     """Notebook 03's sample set (prompts x iterations x modes); raw JSONL beside the configuration.
 
     run_dir=None starts a new run directory; an existing unfinished one is resumed (finished samples
@@ -246,7 +273,8 @@ def run_e2e(profile: Profile, run_dir: Path | None = None, shard: tuple[int, int
             and (k[0], enc[k[1]][0].question_id, mode_name(*k[2:])) not in done]
     if not keys:
         return run_dir
-    target = Target(models.Runner(models.load_target(profile), max_len(profile), profile.bench.cuda_graphs))
+    target_model = target_model or models.load_target(profile)
+    target = Target(models.Runner(target_model, max_len(profile), profile.bench.cuda_graphs))
     drafts = load_drafts(profile, [m for m, _ in mode_list(profile) if m != "baseline"])
     for draft, schedule in mode_list(profile):                                    # warm-up, not recorded
         for _ in range(profile.bench.e2e_warmup):
@@ -274,10 +302,10 @@ def device_info(profile: Profile) -> dict:
             "torch": torch.__version__, "cuda": torch.version.cuda}
 
 
-def run_e2e_launch(profile: Profile, launcher: str = "local") -> Path:
+def run_e2e_launch(profile: Profile, launcher: str = "local", target_model=None) -> Path:
     """Run notebook 03's sample set here (local) or sharded over a Slurm array (slurm)."""
     if launcher == "local":
-        return run_e2e(profile)
+        return run_e2e(profile, target_model=target_model)
     raise ValueError(f"unknown launcher {launcher!r}: use local or slurm")
 
 

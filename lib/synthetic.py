@@ -123,20 +123,25 @@ def linear_mlp(mlp, lift: torch.Tensor, P: torch.Tensor, u0: torch.Tensor, D: in
         p.copy_(v.to(p))
 
 
-def make_pair(syn: Synthetic, seed: int, dtype: str, device: str = "cpu") -> tuple[Qwen3ForCausalLM, Qwen3ForCausalLM]:
-    """(target, draft) built from one seed; the draft has tied embeddings like Qwen3-0.6B."""
+def make_pair(syn: Synthetic, seed: int, dtype: str, device: str = "cpu", which=("target", "draft")):
+    """(target, draft) built from one seed; the draft has tied embeddings like Qwen3-0.6B.
+    `which` skips building one of them (returned as None)."""
     g = torch.Generator().manual_seed(seed)
     E, basis, _ = family_embeddings(syn, g)
     P = successor_map(basis, syn.n_families, g)
     u0 = basis[:, 0]
     d0, D = syn.draft.hidden_size, syn.target.hidden_size
     lift_t, _ = torch.linalg.qr(torch.randn(D, d0, generator=g, dtype=torch.float64))   # (D,d0), orthonormal columns
-    gd = torch.Generator(device).manual_seed(seed + 1)
-    draft = build_model(syn.draft, syn.vocab_size, True, E, P, u0, torch.eye(d0, dtype=torch.float64),
-                        syn.draft_noise, gd, dtype, device)
-    gt = torch.Generator(device).manual_seed(seed + 2)
-    target = build_model(syn.target, syn.vocab_size, False, E, P, u0, lift_t, syn.target_noise, gt, dtype, device)
-    return target.eval(), draft.eval()
+    draft = target = None
+    if "draft" in which:
+        gd = torch.Generator(device).manual_seed(seed + 1)
+        draft = build_model(syn.draft, syn.vocab_size, True, E, P, u0, torch.eye(d0, dtype=torch.float64),
+                            syn.draft_noise, gd, dtype, device).eval()
+    if "target" in which:
+        gt = torch.Generator(device).manual_seed(seed + 2)
+        target = build_model(syn.target, syn.vocab_size, False, E, P, u0, lift_t, syn.target_noise, gt, dtype,
+                             device).eval()
+    return target, draft
 
 
 def make_tokenizer(vocab_size: int, corpus: list[str]) -> PreTrainedTokenizerFast:

@@ -15,7 +15,7 @@ VOCAB = 512
 FAMILIES = 16
 DRAFT_D = 32
 TARGET_D = 64
-N_CLUSTERS = 32          # 16 tokens per cluster
+N_CLUSTERS = 64          # 8 tokens per cluster (and != DRAFT_D, so (c,d) and (d,c) differ)
 SPECIAL_IDS = [0, 1, 2]
 
 

@@ -1,0 +1,178 @@
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lib.config import ConfigError, Profile, as_dict, load_profile
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "params" / "smoke.yaml"
+FILE = "custom_profile.yaml"
+
+
+@pytest.fixture
+def smoke_data() -> dict:
+    return yaml.safe_load(SMOKE.read_text())
+
+
+def write(tmp_path: Path, data: dict, name: str = FILE) -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def load_error(tmp_path: Path, data: dict) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_profile(str(write(tmp_path, data)))
+    msg = str(e.value)
+    assert FILE in msg, f"error does not name the file: {msg}"
+    return msg
+
+
+# the real profile
+
+def test_smoke_profile_loads():
+    p = load_profile("smoke")
+    assert isinstance(p, Profile)
+    assert p.name == "smoke"
+    assert p.models.source == "synthetic"
+    assert p.models.synthetic.vocab_size % p.clustering.n_clusters == 0
+    assert isinstance(p.clustering.probe_sweep, list) and all(isinstance(q, int) for q in p.clustering.probe_sweep)
+    assert p.decode.modes == ["baseline", "dense", "flash", "dense_shared"]          # defaults filled in
+    assert p.decode.schedules == ["ordinary", "deferred"]
+    assert p.prompts.limit is None
+    assert as_dict(p)["models"]["synthetic"]["draft"]["hidden_size"] == p.models.synthetic.draft.hidden_size
+
+
+def test_smoke_derived_paths_are_under_the_repo():
+    p = load_profile("smoke")
+    assert p.out_dir == REPO / "outputs" / "smoke"
+    assert p.model_dir == REPO / "models" / "smoke"
+    assert p.flash_dir == p.model_dir / "draft-flashhead"
+    for d in (p.out_dir, p.model_dir, p.flash_dir):
+        assert d.is_absolute() and d.is_relative_to(REPO)
+
+
+def test_unmodified_copy_loads_identically(tmp_path, smoke_data):
+    # Control for the error tests below: the dump/load round trip itself is fine.
+    assert load_profile(str(write(tmp_path, smoke_data))) == load_profile("smoke")
+
+
+def test_pretrained_flash_dir_is_the_configured_path(tmp_path, smoke_data):
+    smoke_data["models"].update(source="pretrained", target="org/target", draft="org/draft",
+                                flash_draft="/somewhere/flash-draft")
+    assert load_profile(str(write(tmp_path, smoke_data))).flash_dir == Path("/somewhere/flash-draft")
+
+
+def test_int_accepted_for_float_field(tmp_path, smoke_data):
+    smoke_data["models"]["synthetic"]["family_cos"] = 1
+    p = load_profile(str(write(tmp_path, smoke_data)))
+    assert p.models.synthetic.family_cos == 1.0 and isinstance(p.models.synthetic.family_cos, float)
+
+
+# errors name the key and the file
+
+def test_unknown_top_level_key(tmp_path, smoke_data):
+    smoke_data["decoding"] = {"k": 5}
+    assert "decoding" in load_error(tmp_path, smoke_data)
+
+
+def test_unknown_nested_key(tmp_path, smoke_data):
+    smoke_data["decode"]["kk"] = 5
+    msg = load_error(tmp_path, smoke_data)
+    assert "decode" in msg and "'kk'" in msg
+
+
+def test_unknown_deeply_nested_key(tmp_path, smoke_data):
+    smoke_data["models"]["synthetic"]["draft"]["hiden_size"] = 64
+    msg = load_error(tmp_path, smoke_data)
+    assert "models.synthetic.draft" in msg and "hiden_size" in msg
+
+
+@pytest.mark.parametrize("section,key,value", [
+    ("decode", "k", "five"),
+    ("bench", "iters", 1.5),
+    ("decode", "k", True),                 # bool where an int is expected
+    ("bench", "warmup", False),
+    ("bench", "cuda_graphs", 1),           # int where a bool is expected
+    ("clustering", "probe_sweep", 4),      # scalar where a list is expected
+    ("decode", "modes", "baseline"),
+])
+def test_wrong_type(tmp_path, smoke_data, section, key, value):
+    smoke_data[section][key] = value
+    assert f"{section}.{key}" in load_error(tmp_path, smoke_data)
+
+
+def test_wrong_type_inside_a_list(tmp_path, smoke_data):
+    smoke_data["clustering"]["probe_sweep"] = [1, 2, "four"]
+    assert "clustering.probe_sweep[2]" in load_error(tmp_path, smoke_data)
+
+
+def test_wrong_type_top_level_and_nested_shape(tmp_path, smoke_data):
+    smoke_data["seed"] = "zero"
+    assert "seed" in load_error(tmp_path, smoke_data)
+    smoke_data["seed"] = 0
+    smoke_data["models"]["synthetic"]["target"]["num_hidden_layers"] = 2.0
+    assert "models.synthetic.target.num_hidden_layers" in load_error(tmp_path, smoke_data)
+
+
+@pytest.mark.parametrize("path", [("seed",), ("decode",), ("decode", "k"), ("bench", "iters"),
+                                  ("models", "synthetic", "vocab_size"), ("clustering", "n_clusters")])
+def test_missing_required_key(tmp_path, smoke_data, path):
+    d = smoke_data
+    for p in path[:-1]:
+        d = d[p]
+    del d[path[-1]]
+    msg = load_error(tmp_path, smoke_data)
+    assert ".".join(path) in msg and "missing" in msg
+
+
+def test_optional_keys_may_be_left_out(tmp_path, smoke_data):
+    del smoke_data["clustering"]["iterations"]
+    del smoke_data["bench"]["cuda_graphs"]
+    p = load_profile(str(write(tmp_path, smoke_data)))
+    assert p.clustering.iterations == 10 and p.bench.cuda_graphs is True
+
+
+def test_n_clusters_must_divide_vocabulary(tmp_path, smoke_data):
+    smoke_data["clustering"]["n_clusters"] = 100          # 4096 % 100 != 0
+    smoke_data["clustering"]["n_probes"] = 16
+    smoke_data["clustering"]["probe_sweep"] = [1, 2]
+    msg = load_error(tmp_path, smoke_data)
+    assert "n_clusters" in msg and "100" in msg
+
+
+def test_unknown_mode(tmp_path, smoke_data):
+    smoke_data["decode"]["modes"] = ["baseline", "turbo"]
+    msg = load_error(tmp_path, smoke_data)
+    assert "decode.modes" in msg and "turbo" in msg
+
+
+def test_unknown_schedule(tmp_path, smoke_data):
+    smoke_data["decode"]["schedules"] = ["ordinary", "eager"]
+    assert "decode.schedules" in load_error(tmp_path, smoke_data)
+
+
+@pytest.mark.parametrize("mutate,word", [
+    (lambda d: d.update(dtype="float64"), "dtype"),
+    (lambda d: d["models"].update(source="hub"), "models.source"),
+    (lambda d: d["clustering"].update(n_probes=0), "n_probes"),
+    (lambda d: d["clustering"].update(probe_sweep=[1, 512]), "probe_sweep"),
+    (lambda d: d["decode"].update(k=0), "decode.k"),
+    (lambda d: d["bench"].update(iters=0), "bench.iters"),
+    (lambda d: d["models"]["synthetic"]["draft"].update(intermediate_size=64), "intermediate_size"),
+    (lambda d: d["models"].update(source="pretrained"), "models.target"),
+])
+def test_invalid_values(tmp_path, smoke_data, mutate, word):
+    data = copy.deepcopy(smoke_data)
+    mutate(data)
+    assert word in load_error(tmp_path, data)
+
+
+def test_unknown_profile_lists_known_ones():
+    with pytest.raises(ConfigError) as e:
+        load_profile("no_such_profile_xyz")
+    msg = str(e.value)
+    assert "no_such_profile_xyz" in msg and "known profiles" in msg and "'smoke'" in msg
+    assert "thesis_tables" not in msg                     # data file, not a profile

@@ -1,0 +1,255 @@
+import json
+
+import pytest
+import torch
+
+from lib import models
+from lib.models import Runner, load_model, read_flash_checkpoint, save_flash_checkpoint
+
+from conftest import DRAFT_D, N_CLUSTERS, SPECIAL_IDS, VOCAB
+
+ASSETS = "flash_head_assets/clustering_cache.safetensors"
+
+
+def ids_of(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def hf_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    return model(ids).logits[0].float()
+
+
+def runner_logits(model, runner: Runner, ids: torch.Tensor, cuts: list[int]) -> torch.Tensor:
+    """Logits from Runner.forward over ids fed in chunks split at `cuts` (increasing start positions)."""
+    W = model.get_output_embeddings().weight
+    bounds = [0, *cuts, ids.shape[1]]
+    hs = [runner.forward(ids[:, a:b], a, graph=False) for a, b in zip(bounds, bounds[1:])]
+    h = torch.cat(hs, dim=1)[0]
+    assert h.shape == (ids.shape[1], W.shape[1])
+    return (h @ W.T).float()
+
+
+# Runner against the Hugging Face forward
+
+@pytest.mark.parametrize("which", [0, 1], ids=["target", "draft"])
+@pytest.mark.parametrize("cuts", [[5], [5, 6, 7], [1, 12]])
+def test_runner_chunks_match_hf(pair, which, cuts):
+    model = pair[which]
+    ids = ids_of(17, seed=which + 10)
+    ref = hf_logits(model, ids)
+    got = runner_logits(model, Runner(model, 32, graphs=False), ids, cuts)
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    assert torch.allclose(got, ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["target", "draft"])
+def test_runner_greedy_matches_hf(pair, which):
+    model = pair[which]
+    ids = ids_of(12, seed=3)
+    r = Runner(model, 16, graphs=False)
+    got = torch.cat([r.greedy(ids[:, :7], 0, graph=False), r.greedy(ids[:, 7:], 7, graph=False)])
+    assert torch.equal(got, hf_logits(model, ids).argmax(-1))
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["target", "draft"])
+def test_runner_rewind_overwrites_stale_cache(pair, which):
+    # Speculative decoding rewinds after a rejection: positions past the rewind point hold stale K/V
+    # that must be overwritten (and never attended to).
+    model = pair[which]
+    a, b = ids_of(16, seed=1), ids_of(16, seed=2)
+    r = Runner(model, 24, graphs=False)
+    runner_logits(model, r, a, [8])                                   # fill the cache with sequence a
+    mixed = torch.cat([a[:, :6], b[:, 6:]], dim=1)
+    W = model.get_output_embeddings().weight
+    h = torch.cat([r.forward(mixed[:, 6:9], 6, graph=False), r.forward(mixed[:, 9:], 9, graph=False)], dim=1)[0]
+    got = (h @ W.T).float()
+    ref = hf_logits(model, mixed)[6:]
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    assert torch.allclose(got, ref, atol=1e-4, rtol=0)
+
+
+def test_runner_cache_overflow(pair):
+    model = pair[1]
+    r = Runner(model, 16, graphs=False)
+    r.forward(ids_of(16, 0), 0, graph=False)                           # exactly full is fine
+    with pytest.raises(ValueError, match="16"):
+        r.forward(ids_of(17, 0), 0, graph=False)
+    with pytest.raises(ValueError):
+        r.forward(ids_of(1, 0), 16, graph=False)
+    with pytest.raises(ValueError):
+        r.greedy(ids_of(4, 0), 13, graph=False)
+
+
+def test_runner_on_cpu_ignores_graphs(pair):
+    model = pair[1]
+    ids = ids_of(9, 4)
+    r = Runner(model, 16, graphs=True)                                 # CPU: graphs silently off
+    assert not r.graphs
+    assert torch.equal(r.greedy(ids, 0), hf_logits(model, ids).argmax(-1))
+
+
+# save_pretrained / load_model
+
+@pytest.mark.parametrize("which", [0, 1], ids=["target", "draft"])
+def test_save_and_load_round_trip(pair, tmp_path, which):
+    model = pair[which]
+    model.save_pretrained(tmp_path / "m")
+    loaded = load_model(str(tmp_path / "m"), "float32", "cpu")
+    assert not loaded.training
+    ids = ids_of(11, 5)
+    assert torch.equal(hf_logits(loaded, ids), hf_logits(model, ids))
+
+
+# FlashHead checkpoint format
+
+@pytest.fixture(scope="module")
+def draft_dir(pair, tmp_path_factory):
+    d = tmp_path_factory.mktemp("draft")
+    pair[1].save_pretrained(d)
+    return d
+
+
+@pytest.fixture
+def flash_dir(draft_dir, draft_clustering, tmp_path):
+    _, cents, assign = draft_clustering
+    return save_flash_checkpoint(draft_dir, tmp_path / "flash", cents, assign, 4, SPECIAL_IDS)
+
+
+def rewrite_assets(path, **tensors):
+    file = path / ASSETS
+    t = models.load_file(str(file))
+    t.update(tensors)
+    models.save_file({k: v.contiguous() for k, v in t.items()}, str(file))
+
+
+def edit_config(path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            del cfg[k]
+        else:
+            cfg[k] = v
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def test_flash_checkpoint_round_trip(flash_dir, draft_clustering):
+    _, cents, assign = draft_clustering
+    cfg, c2, a2 = read_flash_checkpoint(flash_dir)
+    assert cfg["architectures"] == ["FlashHeadQwen3ForCausalLM"]
+    assert cfg["flash_head_cache_dir"] == "flash_head_assets"
+    assert cfg["n_clusters"] == N_CLUSTERS and cfg["n_probes"] == 4
+    assert cfg["flash_head_special_token_ids"] == SPECIAL_IDS
+    assert cfg["hidden_size"] == DRAFT_D and cfg["vocab_size"] == VOCAB        # the draft's own keys kept
+    assert c2.shape == (N_CLUSTERS, DRAFT_D) and c2.dtype == torch.float32
+    assert a2.shape == (VOCAB,) and a2.dtype == torch.int64
+    assert torch.equal(c2, cents.float()) and torch.equal(a2, assign)
+    assert (flash_dir / ASSETS).is_file() and (flash_dir / "model.safetensors").is_file()
+
+
+def test_flash_checkpoint_body_loads_as_the_draft(flash_dir, pair):
+    loaded = load_model(str(flash_dir), "float32", "cpu")
+    ids = ids_of(10, 6)
+    assert torch.equal(hf_logits(loaded, ids), hf_logits(pair[1], ids))
+
+
+def test_save_flash_checkpoint_replaces_existing_dir(flash_dir, draft_dir, draft_clustering):
+    _, cents, assign = draft_clustering
+    (flash_dir / "stale.txt").write_text("old")
+    out = save_flash_checkpoint(draft_dir, flash_dir, cents, assign, 8, [])
+    assert not (out / "stale.txt").exists()
+    cfg, _, _ = read_flash_checkpoint(out)
+    assert cfg["n_probes"] == 8 and cfg["flash_head_special_token_ids"] == []
+
+
+@pytest.mark.parametrize("layout", ["dc", "1cd", "11cd"])
+def test_read_accepts_other_centroid_layouts(flash_dir, draft_clustering, layout):
+    _, cents, assign = draft_clustering
+    stored = {"dc": cents.T, "1cd": cents[None], "11cd": cents[None, None]}[layout]
+    rewrite_assets(flash_dir, centroids=stored.float())
+    _, c2, a2 = read_flash_checkpoint(flash_dir)
+    assert c2.shape == (N_CLUSTERS, DRAFT_D)
+    assert torch.equal(c2, cents.float()) and torch.equal(a2, assign)
+
+
+def test_read_missing_config(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        read_flash_checkpoint(tmp_path)
+
+
+def test_read_missing_assets(flash_dir):
+    (flash_dir / ASSETS).unlink()
+    with pytest.raises(FileNotFoundError, match="clustering_cache.safetensors"):
+        read_flash_checkpoint(flash_dir)
+
+
+@pytest.mark.parametrize("key", ["flash_head_cache_dir", "n_clusters", "n_probes", "flash_head_special_token_ids"])
+def test_read_missing_flash_key(flash_dir, key):
+    edit_config(flash_dir, **{key: None})
+    with pytest.raises(ValueError, match=key):
+        read_flash_checkpoint(flash_dir)
+
+
+def test_read_missing_tensor(flash_dir):
+    t = models.load_file(str(flash_dir / ASSETS))
+    models.save_file({"centroids": t["centroids"]}, str(flash_dir / ASSETS))
+    with pytest.raises(ValueError, match="cluster_assignments"):
+        read_flash_checkpoint(flash_dir)
+
+
+def test_read_unequal_cluster_sizes(flash_dir, draft_clustering):
+    assign = draft_clustering[2].clone()
+    assign[0] = (assign[0] + 1) % N_CLUSTERS
+    rewrite_assets(flash_dir, cluster_assignments=assign)
+    with pytest.raises(ValueError, match="equal size"):
+        read_flash_checkpoint(flash_dir)
+
+
+def test_read_cluster_ids_out_of_range(flash_dir, draft_clustering):
+    assign = draft_clustering[2].clone()
+    assign[assign == 0] = N_CLUSTERS                                   # sizes still equal, ids wrong
+    rewrite_assets(flash_dir, cluster_assignments=assign)
+    with pytest.raises(ValueError, match="outside"):
+        read_flash_checkpoint(flash_dir)
+
+
+def test_read_assignments_length_mismatch(flash_dir, draft_clustering):
+    assign = draft_clustering[2]
+    b = VOCAB // N_CLUSTERS
+    keep = assign < N_CLUSTERS - 1                                     # drop one whole cluster: sizes stay equal
+    assert keep.sum() == VOCAB - b
+    rewrite_assets(flash_dir, cluster_assignments=assign[keep])
+    with pytest.raises(ValueError, match=f"{VOCAB - b} entries"):
+        read_flash_checkpoint(flash_dir)
+
+
+def test_read_vocab_size_argument_overrides_config(flash_dir):
+    with pytest.raises(ValueError, match="vocabulary"):
+        read_flash_checkpoint(flash_dir, vocab_size=VOCAB * 2)
+    assert read_flash_checkpoint(flash_dir, hidden_size=DRAFT_D, vocab_size=VOCAB)[2].numel() == VOCAB
+
+
+def test_read_centroids_wrong_hidden_size(flash_dir, draft_clustering):
+    with pytest.raises(ValueError, match="centroids"):
+        read_flash_checkpoint(flash_dir, hidden_size=DRAFT_D + 8)
+    cents = draft_clustering[1]
+    rewrite_assets(flash_dir, centroids=cents[:, :DRAFT_D - 4].float())
+    with pytest.raises(ValueError, match="hidden_size"):
+        read_flash_checkpoint(flash_dir)
+
+
+def test_read_centroids_wrong_cluster_count(flash_dir, draft_clustering):
+    cents = draft_clustering[1]
+    rewrite_assets(flash_dir, centroids=cents[:-1].float())
+    with pytest.raises(ValueError, match="n_clusters"):
+        read_flash_checkpoint(flash_dir)
+    rewrite_assets(flash_dir, centroids=cents.float())
+    edit_config(flash_dir, n_clusters=N_CLUSTERS // 2)
+    with pytest.raises(ValueError, match="n_clusters"):
+        read_flash_checkpoint(flash_dir)
+
+
+def test_read_centroids_not_a_matrix(flash_dir, draft_clustering):
+    rewrite_assets(flash_dir, centroids=draft_clustering[1].reshape(N_CLUSTERS, 4, DRAFT_D // 4).float())
+    with pytest.raises(ValueError, match="centroids"):
+        read_flash_checkpoint(flash_dir)

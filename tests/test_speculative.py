@@ -1,0 +1,187 @@
+import pytest
+import torch
+
+from lib.heads import DenseHead, FlashHead
+from lib.models import GraphedHead, Runner
+from lib.speculative import Draft, Result, Target, accepted_prefix, generate_baseline, generate_speculative
+
+from conftest import DRAFT_D, N_CLUSTERS, SPECIAL_IDS, TARGET_D, VOCAB
+
+MAX_NEW = 24
+MAX_LEN = 30 + MAX_NEW + 6 + 8
+PROMPT_LENS = [1, 7, 30]
+KS = [1, 2, 4, 6]
+SCHEDULES = ["ordinary", "deferred"]
+HEADS = ["dense", "flash_all", "flash_2", "flash_1"]
+
+
+def prompt_of(n: int) -> list[int]:
+    return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(100 + n)).tolist()
+
+
+@pytest.fixture(scope="module")
+def heads(pair, draft_clustering):
+    W = pair[1].get_output_embeddings().weight
+    _, cents, assign = draft_clustering
+    full = FlashHead(W, cents, assign, N_CLUSTERS, SPECIAL_IDS)
+    return {"dense": DenseHead(W), "flash_all": full, "flash_2": full.with_probes(2), "flash_1": full.with_probes(1)}
+
+
+def target_of(pair) -> Target:
+    return Target(Runner(pair[0], MAX_LEN, graphs=False))
+
+
+def draft_of(model, head, d: int) -> Draft:
+    return Draft(Runner(model, MAX_LEN, graphs=False), GraphedHead(head, d, "cpu", torch.float32, graphs=False))
+
+
+@pytest.fixture(scope="module")
+def baselines(pair):
+    return {n: generate_baseline(target_of(pair), prompt_of(n), MAX_NEW) for n in PROMPT_LENS}
+
+
+def planned_blocks(res: Result, k: int, max_new: int) -> list[int]:
+    """The block length of each round, rebuilt from the accepted lengths: min(K, room left - 1)."""
+    emitted, out = 1, []
+    for a in res.accepted_lengths:
+        out.append(min(k, max_new - emitted - 1))
+        emitted += a + 1
+    return out
+
+
+def check_counters(res: Result, schedule: str, k: int, max_new: int):
+    lens = res.accepted_lengths
+    assert len(res.tokens) == max_new
+    assert res.rounds == len(lens)
+    assert res.accepted == sum(lens)
+    assert res.decode_tokens == sum(a + 1 for a in lens) == max_new - 1
+    assert res.accepted <= res.proposed
+    blocks = planned_blocks(res, k, max_new)
+    assert res.proposed == sum(blocks)
+    assert all(0 <= a <= kk for a, kk in zip(lens, blocks))
+    assert res.skipped <= sum(a == 0 for a in lens)               # a skipped round accepts nothing
+    if schedule == "ordinary":
+        assert res.append_calls == res.rounds
+        assert res.verify_calls + res.skipped == sum(kk > 0 for kk in blocks)   # a round with no room proposes nothing
+    else:
+        assert res.append_calls == 1
+        # every round verifies or skips, except a first round with no room to propose (max_new == 2),
+        # which emits the pending prediction of the initial append without any call
+        assert res.verify_calls + res.skipped == res.rounds - (blocks[0] == 0)
+        if max_new > 2:
+            assert res.verify_calls + res.skipped == res.rounds
+        assert res.skipped <= 1                                    # only the first round has a pending prediction
+    assert {"call_target", "initial", "draft", "verify", "finalize"} <= set(res.spans_ms)
+    assert res.ttft_ms >= 0 and res.decode_ms >= 0
+
+
+# baseline
+
+@pytest.mark.parametrize("n", PROMPT_LENS)
+def test_baseline_matches_hf_generate(pair, baselines, n):
+    target = pair[0]
+    ids = torch.tensor([prompt_of(n)])
+    with torch.no_grad():
+        ref = target.generate(ids, max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert baselines[n].tokens == ref[0, n:].tolist()
+
+
+@pytest.mark.parametrize("n", PROMPT_LENS)
+def test_baseline_counters(baselines, n):
+    res = baselines[n]
+    assert len(res.tokens) == MAX_NEW and res.decode_tokens == MAX_NEW - 1
+    assert res.append_calls == MAX_NEW - 1
+    assert res.rounds == res.proposed == res.accepted == res.verify_calls == res.skipped == 0
+    assert res.accepted_lengths == []
+
+
+def test_baselines_are_not_trivial(baselines):
+    # The tiny pair must produce varied output, or the equality tests below would mean little.
+    for res in baselines.values():
+        assert len(set(res.tokens)) > MAX_NEW // 2
+    assert len({tuple(r.tokens) for r in baselines.values()}) == len(baselines)
+
+
+# speculative == baseline, for every schedule, K, draft head and prompt
+
+@pytest.mark.parametrize("head", HEADS)
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_speculative_equals_baseline(pair, heads, baselines, schedule, k, head):
+    for n in PROMPT_LENS:
+        res = generate_speculative(target_of(pair), draft_of(pair[1], heads[head], DRAFT_D), prompt_of(n),
+                                   MAX_NEW, k, schedule)
+        assert res.tokens == baselines[n].tokens, f"prompt length {n}"
+        check_counters(res, schedule, k, MAX_NEW)
+
+
+@pytest.mark.parametrize("max_new", [2, 3, 5])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_short_outputs_never_overshoot(pair, heads, schedule, max_new):
+    prompt = prompt_of(7)
+    base = generate_baseline(target_of(pair), prompt, max_new)
+    for k in (1, 6):
+        res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D), prompt,
+                                   max_new, k, schedule)
+        assert res.tokens == base.tokens
+        check_counters(res, schedule, k, max_new)
+
+
+def test_drafts_reuse_runners_across_prompts(pair, heads, baselines):
+    # The engine must not depend on a fresh cache: reuse one target and one draft for all prompts.
+    target, draft = target_of(pair), draft_of(pair[1], heads["flash_2"], DRAFT_D)
+    for schedule in SCHEDULES:
+        for n in reversed(PROMPT_LENS):
+            assert generate_speculative(target, draft, prompt_of(n), MAX_NEW, 4, schedule).tokens == baselines[n].tokens
+
+
+def test_few_probe_flash_head_really_differs_from_dense(pair, heads):
+    # Otherwise the flash_1/flash_2 cases above would only repeat the dense-head case.
+    runner = Runner(pair[1], MAX_LEN, graphs=False)
+    h = runner.forward(torch.tensor([prompt_of(30)]), 0)[0]
+    dense = heads["dense"](h)
+    assert (heads["flash_1"](h) != dense).any()
+    assert torch.equal(heads["flash_all"](h), dense)
+
+
+def test_drafts_accept_something_and_reject_something(pair, heads):
+    res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D), prompt_of(30),
+                               MAX_NEW, 4, "ordinary")
+    assert 0 < res.accepted < res.proposed
+
+
+# a draft identical to the target
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_identical_draft_accepts_everything(pair, baselines, schedule, k):
+    target_model = pair[0]
+    same = DenseHead(target_model.get_output_embeddings().weight)
+    for n in PROMPT_LENS:
+        res = generate_speculative(target_of(pair), draft_of(target_model, same, TARGET_D), prompt_of(n),
+                                   MAX_NEW, k, schedule)
+        assert res.tokens == baselines[n].tokens
+        check_counters(res, schedule, k, MAX_NEW)
+        assert res.accepted == res.proposed
+        assert res.accepted_lengths == planned_blocks(res, k, MAX_NEW)
+        assert res.skipped == 0
+
+
+# errors and helpers
+
+def test_unknown_schedule(pair, heads):
+    with pytest.raises(ValueError, match="schedule"):
+        generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D), prompt_of(7), 8, 2, "lazy")
+
+
+@pytest.mark.parametrize("proposed,predicted,want", [
+    ([], [], 0),
+    ([1, 2, 3], [1, 2, 3], 3),
+    ([1, 2, 3], [1, 5, 3], 1),
+    ([4, 2, 3], [5, 2, 3], 0),
+    ([1, 2], [1, 2, 9], 2),
+    ([1, 2, 9], [1, 2], 2),
+    ([7, 7, 7], [7, 7, 8], 2),
+])
+def test_accepted_prefix(proposed, predicted, want):
+    assert accepted_prefix(proposed, predicted) == want
