@@ -32,6 +32,20 @@ class FlashHead:
         self.c2t = cluster_to_token(assignments.to(weight.device), c)           # (c,b)
         self.special = torch.tensor(sorted(special_ids), dtype=torch.long, device=weight.device)
         self.n_probes = n_probes
+        # Two-stage top-p: split the c scores into R rows, top-p per row, then top-p of the R*p
+        # survivors (exact, and faster than one top-p over c on a GPU).
+        self.rows = max([r for r in range(1, 9) if c % r == 0 and c // r >= n_probes], default=1)
+
+    def probes(self, h: torch.Tensor) -> torch.Tensor:
+        """The top-p clusters (n,p) for hidden states h (n,d)."""
+        scores = h @ self.centroids.T                                           # (n,c)
+        if self.rows == 1:
+            return scores.topk(self.n_probes, dim=-1, sorted=False).indices
+        n, c, R = scores.shape[0], scores.shape[1], self.rows
+        v, i = scores.view(n, R, c // R).topk(self.n_probes, dim=-1, sorted=False)   # (n,R,p)
+        i = i + (torch.arange(R, device=h.device) * (c // R))[:, None]
+        j = v.flatten(1).topk(self.n_probes, dim=-1, sorted=False).indices      # (n,p)
+        return i.flatten(1).gather(1, j)
 
     @property
     def n_clusters(self) -> int:
@@ -39,8 +53,7 @@ class FlashHead:
 
     def candidates(self, h: torch.Tensor) -> torch.Tensor:
         """Token ids (n, p*b + s) that FlashHead scores for hidden states h (n,d)."""
-        probes = (h @ self.centroids.T).topk(self.n_probes, dim=-1).indices    # (n,p)
-        cand = self.c2t[probes].flatten(1)                                      # (n,p*b)
+        cand = self.c2t[self.probes(h)].flatten(1)                              # (n,p*b)
         return torch.cat([cand, self.special.expand(h.shape[0], -1)], dim=1)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
@@ -51,5 +64,7 @@ class FlashHead:
 
     def with_probes(self, n_probes: int) -> "FlashHead":
         other = object.__new__(FlashHead)
-        other.__dict__.update(self.__dict__, n_probes=n_probes)
+        other.__dict__.update(self.__dict__)
+        other.n_probes = n_probes
+        other.rows = max([r for r in range(1, 9) if self.n_clusters % r == 0 and self.n_clusters // r >= n_probes], default=1)
         return other

@@ -215,32 +215,19 @@ class Runner:
         self.arange = pos
         self.graphs = graphs and self.device.type == "cuda"
         self._graphs: dict = {}
-        # Optionally fuse the small per-layer ops with torch.compile (fixed n per captured graph).
-        self._fused = torch.compile(self._forward, fullgraph=True, dynamic=False) if compile else self._forward
-
-    def _layer(self, i: int, layer, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        att = layer.self_attn
-        n = x.shape[1]
-        h = layer.input_layernorm(x)
-        q = att.q_norm(att.q_proj(h).view(1, n, self.n_heads, self.hd)).transpose(1, 2)    # (1,H,n,hd)
-        k = att.k_norm(att.k_proj(h).view(1, n, self.n_kv, self.hd)).transpose(1, 2)       # (1,Hkv,n,hd)
-        v = att.v_proj(h).view(1, n, self.n_kv, self.hd).transpose(1, 2)
-        cos, sin = self.cos[pos], self.sin[pos]                                             # (n,hd)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        self.k[i].index_copy_(2, pos, k)
-        self.v[i].index_copy_(2, pos, v)
-        o = torch.nn.functional.scaled_dot_product_attention(q, self.k[i], self.v[i], attn_mask=mask,
-                                                             enable_gqa=self.n_kv != self.n_heads)
-        x = x + att.o_proj(o.transpose(1, 2).reshape(1, n, -1))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        self.fused = [fuse_projections(layer) for layer in self.body.layers]
+        # Optionally fuse each layer's small ops with torch.compile: one compiled layer function serves
+        # every layer (its weights are inputs), recompiled once per token count n.
+        self._layer = torch.compile(layer_forward, fullgraph=True, dynamic=False) if compile else layer_forward
 
     def _forward(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         n = ids.shape[1]
         pos = start + self.arange[:n]                                                       # (n,)
         mask = self.arange[None, :] <= pos[:, None]                                         # (n,max_len)
         x = self.body.embed_tokens(ids)
+        cos, sin = self.cos[pos], self.sin[pos]                                             # (n,hd)
         for i, layer in enumerate(self.body.layers):
-            x = self._layer(i, layer, x, pos, mask)
+            x = self._layer(layer, self.fused[i], x, pos, mask, cos, sin, self.k[i], self.v[i])
         return self.body.norm(x)
 
     def _argmax(self, h: torch.Tensor) -> torch.Tensor:
@@ -248,7 +235,7 @@ class Runner:
 
     def _step(self, kind: str, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """What one CUDA graph holds: the (fused) forward, plus the dense argmax for kind 'greedy'."""
-        h = self._fused(ids, start)
+        h = self._forward(ids, start)
         return h if kind == "hidden" else self._argmax(h)
 
     @torch.no_grad()
@@ -282,6 +269,51 @@ class Runner:
         return self._graphs[(kind, n)]
 
 
+def layer_forward(layer, fused: dict, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    """One Qwen3 decoder layer on x (1,n,D) at positions pos (n,), writing K/V into the static cache
+    (1,Hkv,max_len,hd); mask (n,max_len) allows each query its own and earlier positions."""
+    att = layer.self_attn
+    n, hd = x.shape[1], k_cache.shape[-1]
+    h = layer.input_layernorm(x)
+    if fused:                                                                               # one GEMV for q, k, v
+        q, k, v = torch.nn.functional.linear(h, fused["qkv"]).split(fused["qkv_sizes"], dim=-1)
+    else:
+        q, k, v = att.q_proj(h), att.k_proj(h), att.v_proj(h)
+    q = att.q_norm(q.view(1, n, -1, hd)).transpose(1, 2)                                    # (1,H,n,hd)
+    k = att.k_norm(k.view(1, n, -1, hd)).transpose(1, 2)                                    # (1,Hkv,n,hd)
+    v = v.view(1, n, -1, hd).transpose(1, 2)
+    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    k_cache.index_copy_(2, pos, k)
+    v_cache.index_copy_(2, pos, v)
+    o = torch.nn.functional.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
+                                                         enable_gqa=q.shape[1] != k.shape[1])
+    x = x + att.o_proj(o.transpose(1, 2).reshape(1, n, -1))
+    h = layer.post_attention_layernorm(x)
+    if fused:                                                                               # one GEMV for gate, up
+        g, u = torch.nn.functional.linear(h, fused["gate_up"]).chunk(2, dim=-1)
+        return x + layer.mlp.down_proj(layer.mlp.act_fn(g) * u)
+    return x + layer.mlp(h)
+
+
+def fuse_projections(layer) -> dict:
+    """Store q/k/v and gate/up weights of plain Linear layers contiguously (the modules keep views,
+    so nothing is duplicated), letting one GEMV read each group. Quantised layers are left alone."""
+    att, mlp = layer.self_attn, layer.mlp
+    groups = {"qkv": (att.q_proj, att.k_proj, att.v_proj), "gate_up": (mlp.gate_proj, mlp.up_proj)}
+    mods = [m for g in groups.values() for m in g]
+    if not all(type(m) is torch.nn.Linear and m.bias is None for m in mods):
+        return {}
+    out = {}
+    for name, group in groups.items():
+        sizes = [m.weight.shape[0] for m in group]
+        fused = torch.cat([m.weight.data for m in group])
+        for m, w in zip(group, fused.split(sizes)):
+            m.weight.data = w
+        out[name], out[name + "_sizes"] = fused, sizes
+    return out
+
+
 def capture(fn):
     """Warm fn up on a side stream, then capture it in a CUDA graph. Returns (graph, static output)."""
     s = torch.cuda.Stream()
@@ -291,7 +323,7 @@ def capture(fn):
             fn()
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=POOL.get()):
+    with torch.cuda.graph(graph):
         out = fn()
     return graph, out
 
@@ -313,19 +345,6 @@ class GraphedHead:
         self.h.copy_(h)
         self.graph.replay()
         return self.out
-
-
-class _Pool:
-    """One CUDA graph memory pool shared by all captures (graphs replay one at a time)."""
-    handle = None
-
-    def get(self):
-        if self.handle is None:
-            self.handle = torch.cuda.graph_pool_handle()
-        return self.handle
-
-
-POOL = _Pool()
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
