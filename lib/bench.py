@@ -120,7 +120,8 @@ def mark_finished(run: Path) -> None:
 
 
 def latest_run(out_dir: Path, name: str = "e2e") -> Path:
-    runs = sorted(p for p in (Path(out_dir) / "runs").glob(f"{name}-*") if finished(p))
+    runs = sorted((p for p in (Path(out_dir) / "runs").glob(f"{name}-*") if finished(p)),
+                  key=lambda p: (p / "DONE").stat().st_mtime_ns)
     if not runs:
         raise FileNotFoundError(f"no finished {name} run under {out_dir}/runs: run notebook 03 first")
     return runs[-1]

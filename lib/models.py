@@ -218,6 +218,9 @@ class Runner:
         self.fused = [fuse_projections(layer) for layer in self.body.layers]
         # Optionally fuse each layer's small ops with torch.compile: one compiled layer function serves
         # every layer (its weights are inputs), recompiled once per token count n.
+        if compile:
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 512)
         self._layer = torch.compile(layer_forward, fullgraph=True, dynamic=False) if compile else layer_forward
 
     def _forward(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:

@@ -76,9 +76,10 @@ class Result:
         return len(self.tokens) - 1                                         # tokens after the first
 
 
-def prefill(target: Target, clock: Clock, prompt: list[int]) -> torch.Tensor:
+def prefill(target: Target, prompt: list[int]) -> torch.Tensor:
+    """Target prompt prefill and first token (1,): TTFT, outside the decode clock."""
     ids = torch.tensor([prompt], device=target.runner.device)
-    return target.greedy(clock, ids, 0, graph=False)[-1:]                  # (1,) first token
+    return target.runner.greedy(ids, 0, graph=False)[-1:]
 
 
 def generate_baseline(target: Target, prompt: list[int], max_new: int) -> Result:
@@ -86,7 +87,7 @@ def generate_baseline(target: Target, prompt: list[int], max_new: int) -> Result
     dev = target.runner.device
     clock = Clock(dev)
     t0 = time.perf_counter()
-    tok = prefill(target, clock, prompt)
+    tok = prefill(target, prompt)
     first = tok.item()
     t1 = time.perf_counter()
     out, pos = [tok], len(prompt)
@@ -117,14 +118,15 @@ def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_ne
     buf = torch.zeros(P + max_new, dtype=torch.long, device=tdev)                  # prompt + emitted tokens
     buf[:P] = torch.tensor(prompt)
     seq = list(prompt)                                                              # host copy of buf
-    first = prefill(target, clock, prompt)
+    first = prefill(target, prompt)
     seq.append(first.item())
     buf[P] = first[0]
     t1 = time.perf_counter()
     res = Result([], 1000 * (t1 - t0), 0.0)
 
     with clock.span("initial"):
-        draft.runner.forward(buf[None, :P].to(ddev), 0, graph=False)               # draft prefill
+        with clock.span("call_draft_prefill"):
+            draft.runner.forward(buf[None, :P].to(ddev), 0, graph=False)           # draft prefill
         pending = target.greedy(clock, buf[None, P:P + 1], P)                       # initial target append
     t_pos, d_pos = P + 1, P                                                         # tokens in each cache
     res.append_calls = 1

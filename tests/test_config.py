@@ -45,6 +45,16 @@ def test_smoke_profile_loads():
     assert as_dict(p)["models"]["synthetic"]["draft"]["hidden_size"] == p.models.synthetic.draft.hidden_size
 
 
+PROFILES = sorted(p.stem for p in (REPO / "params").glob("*.yaml") if not p.stem.startswith("thesis_"))
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_shipped_profile_loads(name):
+    p = load_profile(name)
+    assert p.name == name                                  # outputs/<name> must not collide with another profile
+    assert p.out_dir == REPO / "outputs" / name and p.model_dir == REPO / "models" / name
+
+
 def test_smoke_derived_paths_are_under_the_repo():
     p = load_profile("smoke")
     assert p.out_dir == REPO / "outputs" / "smoke"

@@ -138,3 +138,23 @@ def test_flash_head_refuses_unequal_assignments(parts):
     bad[0] = (bad[0] + 1) % N_CLUSTERS
     with pytest.raises(ValueError):
         FlashHead(W, cents, bad, 2, SPECIAL_IDS)
+
+
+@pytest.mark.parametrize("c", [7, 42, 64])
+def test_probes_are_exactly_the_top_p_clusters_for_every_p(c):
+    # FlashHead may split the centroid scores into rows before its top-p: the probed set must still be
+    # exactly the top-p clusters, for every p, whether built with p or derived with with_probes.
+    g = torch.Generator().manual_seed(c)
+    b, d = 4, 16
+    W = torch.randn(c * b, d, generator=g, dtype=torch.float64)
+    cents = torch.randn(c, d, generator=g, dtype=torch.float64)
+    assign = torch.randperm(c * b, generator=g) % c
+    h = torch.randn(50, d, generator=g, dtype=torch.float64)
+    order = (h @ cents.T).argsort(dim=1, descending=True)
+    first, last = FlashHead(W, cents, assign, 1), FlashHead(W, cents, assign, c)
+    for p in range(1, c + 1):
+        want = order[:, :p].sort(1).values
+        for head in (FlashHead(W, cents, assign, p), first.with_probes(p), last.with_probes(p)):
+            assert head.n_probes == p
+            assert torch.equal(head.probes(h).sort(1).values, want), (c, p)
+            assert torch.equal(assign[head.candidates(h)].sort(1).values, want.repeat_interleave(b, 1)), (c, p)

@@ -69,6 +69,24 @@ def test_runner_rewind_overwrites_stale_cache(pair, which):
     assert torch.allclose(got, ref, atol=1e-4, rtol=0)
 
 
+def test_runner_leaves_the_model_intact(syn, tmp_path):
+    # A Runner may re-lay the model's weights out in memory, but the model must behave the same:
+    # same state, same outputs, and it can still be saved and reloaded (with a fresh model, so the
+    # test does not depend on which runners other tests built on the shared pair).
+    from lib.synthetic import make_pair
+    _, model = make_pair(syn, 0, "float32", "cpu", ("draft",))
+    ids = ids_of(9, 8)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    ref = hf_logits(model, ids)
+    runners = [Runner(model, 16, graphs=False) for _ in range(2)]        # two runners on one model
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert torch.equal(hf_logits(model, ids), ref)
+    for r in runners:
+        assert torch.allclose(runner_logits(model, r, ids, [4]), ref, atol=1e-4, rtol=0)
+    model.save_pretrained(tmp_path / "m")
+    assert torch.equal(hf_logits(load_model(str(tmp_path / "m"), "float32", "cpu"), ids), ref)
+
+
 def test_runner_cache_overflow(pair):
     model = pair[1]
     r = Runner(model, 16, graphs=False)
@@ -87,6 +105,21 @@ def test_runner_on_cpu_ignores_graphs(pair):
     r = Runner(model, 16, graphs=True)                                 # CPU: graphs silently off
     assert not r.graphs
     assert torch.equal(r.greedy(ids, 0), hf_logits(model, ids).argmax(-1))
+
+
+# make_pair(which=...) builds one model of the pair, identical to the full build
+
+@pytest.mark.parametrize("which", [("target",), ("draft",)])
+def test_make_pair_partial(pair, syn, which):
+    from lib.synthetic import make_pair
+    got = make_pair(syn, 0, "float32", "cpu", which)
+    for i, name in enumerate(("target", "draft")):
+        if name in which:
+            want = pair[i].state_dict()
+            have = got[i].state_dict()
+            assert have.keys() == want.keys() and all(torch.equal(have[k], want[k]) for k in want)
+        else:
+            assert got[i] is None
 
 
 # save_pretrained / load_model
