@@ -223,14 +223,15 @@ class Runner:
             torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 512)
         self._layer = torch.compile(layer_forward, fullgraph=True, dynamic=False) if compile else layer_forward
 
-    def _forward(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, start: torch.Tensor, compiled: bool = True) -> torch.Tensor:
         n = ids.shape[1]
         pos = start + self.arange[:n]                                                       # (n,)
         mask = self.arange[None, :] <= pos[:, None]                                         # (n,max_len)
         x = self.body.embed_tokens(ids)
         cos, sin = self.cos[pos], self.sin[pos]                                             # (n,hd)
         for i, layer in enumerate(self.body.layers):
-            x = self._layer(layer, self.fused[i], x, pos, mask, cos, sin, self.k[i], self.v[i])
+            fn = self._layer if compiled else layer_forward                                 # eager for any-length prefill
+            x = fn(layer, self.fused[i], x, pos, mask, cos, sin, self.k[i], self.v[i])
         return self.body.norm(x)
 
     def _argmax(self, h: torch.Tensor) -> torch.Tensor:
@@ -256,7 +257,7 @@ class Runner:
         if start + n > self.max_len:
             raise ValueError(f"KV cache of {self.max_len} positions cannot hold {start + n}")
         if not (graph and self.graphs):                                                     # eager, any n
-            h = self._forward(ids, torch.tensor(start, device=self.device))
+            h = self._forward(ids, torch.tensor(start, device=self.device), compiled=False)
             return h if kind == "hidden" else self._argmax(h)
         g = self._graphs.get((kind, n)) or self._capture(kind, n)
         g["ids"].copy_(ids)
