@@ -301,3 +301,69 @@ def write_summary(profile: Profile, data: dict) -> Path:
     path = profile.out_dir / "summary.json"
     path.write_text(json.dumps(data, indent=1))
     return path
+
+
+# ---------------------------------------------------------------- time model (thesis cost model)
+
+def expected_emitted(alpha: float, k: int) -> float:
+    """E[R], tokens emitted per round when each proposal is accepted independently with prob. alpha."""
+    return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def time_model(micro: dict, target_step: dict, draft: str = "flash") -> dict:
+    """Per-call costs (ms) measured in notebooks 02-03: T_p(n) target call with n tokens, T_q draft step."""
+    return {"T_p": {int(n): v for n, v in target_step["verify_ms"].items()},
+            "T_q": micro["model_step"]["dense" if draft.startswith("dense") else "flash"]["mean_ms"]}
+
+
+def tpot_ms(costs: dict, k: int, emitted: float, schedule: str) -> float:
+    """TPOT ~ (T_p(K) + K*T_q + T_o) / E[R]; T_o is the single-token append (ordinary) or nothing
+    (deferred, whose verify batch carries one more token: T_p(K+1))."""
+    tp, tq = costs["T_p"], costs["T_q"]
+    if schedule == "baseline":
+        return tp[1]
+    verify = tp[min(k + 1, max(tp))] if schedule == "deferred" else tp[k]
+    append = tp[1] if schedule == "ordinary" else 0.0
+    return (verify + k * tq + append) / emitted
+
+
+def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd.DataFrame:
+    """Measured decode tok/s beside the cost model fed with the measured mean emitted per round."""
+    rows = []
+    for mode, r in agg.iterrows():
+        schedule = "baseline" if mode == "baseline" else mode.rsplit("_", 1)[1]
+        em = 1.0 if mode == "baseline" else r.mean_emitted
+        tokens = r.decode_tok_s * r.decode_total_ms / 1000
+        initial = r.initial_ms / tokens                                  # I: draft prefill + first append, per token
+        pred = 1000 / (tpot_ms(time_model(micro, target_step, mode), k, em, schedule) + initial)
+        rows.append({"mode": mode, "measured tok/s": r.decode_tok_s, "model tok/s": pred,
+                     "model / measured": pred / r.decode_tok_s})
+    return pd.DataFrame(rows).set_index("mode")
+
+
+def projections(micro: dict, target_step: dict, k: int) -> pd.DataFrame:
+    """PROJECTED decode tok/s on this machine's measured per-call costs for the thesis's acceptance
+    statistics (tables 4.5, 4.7 and 4.9; acceptance a becomes 1 + a*K emitted per round). Leaves out
+    the per-sample initial step. Projections, not measurements."""
+    t = thesis_numbers()
+    stats = {"table 4.5 (acceptance 0.437/0.430)": {"dense": 1 + 0.437 * k, "flash": 1 + 0.430 * k},
+             "table 4.7 (mean emitted 2.930)": {"dense": 2.930, "flash": 2.930},
+             "table 4.9 (mean emitted 3.666/3.642)": {"dense": t["table_4_9"]["dense_deferred"]["mean_emitted"],
+                                                      "flash": t["table_4_9"]["flash_deferred"]["mean_emitted"]}}
+    rows = []
+    for src, em in stats.items():
+        row = {"thesis statistics": src, "baseline": 1000 / tpot_ms(time_model(micro, target_step), k, 1, "baseline")}
+        for draft in ("dense", "flash"):
+            for schedule in ("ordinary", "deferred"):
+                row[f"{draft}_{schedule}"] = 1000 / tpot_ms(time_model(micro, target_step, draft), k, em[draft], schedule)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("thesis statistics")
+
+
+def projection_grid(micro: dict, target_step: dict, alphas=(0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+                    ks=(1, 2, 3, 4, 5, 6, 7)) -> pd.DataFrame:
+    """PROJECTED speedup of the FlashHead draft (deferred) over the baseline, over acceptance and K."""
+    base = tpot_ms(time_model(micro, target_step), 1, 1, "baseline")
+    costs = time_model(micro, target_step, "flash")
+    return pd.DataFrame({k: [base / tpot_ms(costs, k, expected_emitted(a, k), "deferred") for a in alphas] for k in ks},
+                        index=pd.Index(alphas, name="per-token acceptance")).rename_axis(columns="K")
