@@ -241,7 +241,7 @@ def figures(df: pd.DataFrame, agg: pd.DataFrame, micro: dict, out_dir: Path) -> 
     fig, ax = plt.subplots(figsize=(8, 3.5))
     shares.plot.barh(stacked=True, ax=ax, colormap="viridis")
     ax.set(xlabel="share of decode wall time", title="Phase shares per round schedule")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(bbox_to_anchor=(1.01, 1), loc="upper left", fontsize=8)
     paths["phases"] = _save(fig, d / "phase_shares.png")
 
     lens = df[df["mode"] != "baseline"][["mode", "accepted_lengths"]].explode("accepted_lengths")
