@@ -8,7 +8,9 @@ PY := $(VENV)/bin/python
 NOTEBOOKS := $(sort $(wildcard notebooks/0*.ipynb))
 OUT := outputs/$(PROFILE)
 
-.PHONY: env reproduce test lab notebooks
+.PHONY: env reproduce test lab notebooks data
+SPEC_BENCH := data/spec_bench/question.jsonl
+SPEC_BENCH_URL := https://raw.githubusercontent.com/hemingkx/Spec-Bench/main/data/spec_bench/question.jsonl
 
 env: $(VENV)/.done
 $(VENV)/.done: environment.yml
@@ -41,6 +43,14 @@ test: env
 notebooks: env
 	@for nb in $(NOTEBOOKS); do $(PY) -m papermill $$nb $$nb -k python3 --cwd notebooks -p profile smoke || exit 1; done
 	$(PY) notebooks/tidy.py $(NOTEBOOKS)
+
+# Spec-Bench's question file for the thesis profile (480 questions); offline, says where to put it.
+data: $(SPEC_BENCH)
+$(SPEC_BENCH):
+	@mkdir -p $(dir $@)
+	@curl -fsSL --max-time 60 $(SPEC_BENCH_URL) -o $@.part && mv $@.part $@ && echo "fetched $@" || \
+	  { rm -f $@.part; echo "could not download Spec-Bench's question file (offline?)."; \
+	    echo "Copy question.jsonl from https://github.com/hemingkx/Spec-Bench (data/spec_bench/question.jsonl) to $(CURDIR)/$@"; exit 1; }
 
 lab: env
 	$(VENV)/bin/jupyter lab notebooks

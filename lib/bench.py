@@ -128,12 +128,24 @@ def latest_run(out_dir: Path, name: str = "e2e") -> Path:
 
 
 def read_records(run: Path) -> list[dict]:
-    path = Path(run) / "samples.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    """All records of a run: samples.jsonl plus any shard files not merged yet."""
+    return [json.loads(line) for path in sorted(Path(run).glob("samples*.jsonl")) if path.is_file()
+            for line in path.read_text().splitlines() if line.strip()]
 
 
-def append_record(run: Path, record: dict) -> None:
+def append_record(run: Path, record: dict, shard: tuple[int, int] = (0, 1)) -> None:
+    """Append one sample; shards of an array each write their own file (no concurrent appends)."""
     if finished(run):
         raise RuntimeError(f"{run} is a finished run; start a new one instead of adding to it")
-    with open(Path(run) / "samples.jsonl", "a") as f:
+    name = "samples.jsonl" if shard[1] == 1 else f"samples.shard{shard[0]:03d}of{shard[1]:03d}.jsonl"
+    with open(Path(run) / name, "a") as f:
         f.write(json.dumps(record) + "\n")
+
+
+def merge_records(run: Path, records: list[dict]) -> None:
+    """Write the one results set samples.jsonl and drop the shard files it now holds."""
+    tmp = Path(run) / "samples.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    for path in Path(run).glob("samples.shard*.jsonl"):
+        path.unlink()
+    tmp.replace(Path(run) / "samples.jsonl")

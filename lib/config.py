@@ -90,6 +90,15 @@ class Bench:
 
 
 @dataclass(frozen=True)
+class Cluster:
+    """Slurm array for notebook 03 (launcher=slurm), through submitit."""
+    shards: int = 4                   # array tasks; prompts are dealt round-robin
+    timeout_min: int = 240
+    gpus_per_task: int = 2            # target and draft on separate GPUs, as in the thesis
+    partition: str = ""
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     seed: int
@@ -101,6 +110,7 @@ class Profile:
     decode: Decode
     prompts: Prompts
     bench: Bench
+    cluster: Cluster = field(default_factory=Cluster)
 
     # Derived locations: computed here, never set in the YAML or the notebooks.
     @property

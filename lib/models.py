@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
 from . import prompts as prompt_lib
 from .config import Profile, as_dict
@@ -53,25 +54,113 @@ def model_path(profile: Profile, which: str) -> str:
     return str(ensure_synthetic(profile) / which)
 
 
-def load_model(path: str, dtype: str, device: str, awq_backend: str = ""):
-    """from_pretrained with remote code off; AWQ checkpoints go through gptqmodel's backend."""
+AWQ_CPU_BACKENDS = ("torch_awq", "torch_fused_awq", "auto")   # gptqmodel kernels that run without CUDA
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, read from the environment now (HF_HUB_CACHE, else HF_HOME/hub)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    from huggingface_hub import constants
+    return Path(constants.HF_HUB_CACHE)
+
+
+def looks_like_path(name: str) -> bool:
+    return name.startswith(("/", ".", "~")) or Path(name).expanduser().exists() or name.count("/") > 1
+
+
+def resolve_model_dir(name: str | Path) -> Path:
+    """A local model directory for `name`: the directory itself, or the snapshot of a hub id already in
+    the local Hugging Face cache (never the network). Raises FileNotFoundError naming the fetch command."""
+    name = str(name)
+    local = Path(name).expanduser()
+    if local.is_dir():
+        return local
+    if not looks_like_path(name):
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+        try:
+            return Path(snapshot_download(name, local_files_only=True, cache_dir=str(hub_cache_dir())))
+        except HFValidationError:
+            pass
+        except LocalEntryNotFoundError:
+            raise FileNotFoundError(f"{name} is not in the local Hugging Face cache ({hub_cache_dir()}): "
+                                    f"fetch it with  {fetch_command(name)}") from None
+    raise FileNotFoundError(f"no model directory {local}")
+
+
+def fetch_command(name: str) -> str:
+    return f"hf download {name}   (huggingface_hub < 1.0: huggingface-cli download {name})"
+
+
+def _import_gptqmodel():
+    """Import gptqmodel (the AWQ kernels) without letting it change the process environment: on import
+    it sets PYTORCH_ALLOC_CONF (expandable segments) and CUDA_DEVICE_ORDER when they are unset, which
+    would change the CUDA allocator and device numbering of every later model in the study."""
+    keys = ("PYTORCH_ALLOC_CONF", "CUDA_DEVICE_ORDER")
+    saved = {k: os.environ.get(k) for k in keys}
+    try:
+        import gptqmodel  # noqa: F401
+    except ImportError as e:
+        raise ImportError("loading an AWQ checkpoint needs gptqmodel: pip install gptqmodel==7.6.0 "
+                          "(pinned in environment.yml)") from e
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def awq_config(quant: dict, backend: str, device: str):
+    """transformers' AwqConfig for a checkpoint's quantization_config and a gptqmodel backend."""
+    from transformers import AwqConfig
+    cpu = torch.device(device).type == "cpu"
+    backend = backend or ("torch_awq" if cpu else "auto")
+    if cpu and backend not in AWQ_CPU_BACKENDS:
+        raise ValueError(f"AWQ backend {backend!r} needs a CUDA device, but the model goes to {device!r}; "
+                         f"on a CPU use one of {list(AWQ_CPU_BACKENDS)} (models.awq_backend)")
+    _import_gptqmodel()
+    return AwqConfig(bits=quant.get("bits", 4), group_size=quant.get("group_size", 128),
+                     zero_point=quant.get("zero_point", True), version=quant.get("version", "gemm"),
+                     modules_to_not_convert=quant.get("modules_to_not_convert"), backend=backend)
+
+
+def load_model(path: str, dtype: str, device: str, awq_backend: str = "", config=None):
+    """from_pretrained with remote code off, from a local directory or a hub id in the local cache.
+
+    AWQ checkpoints (quantization_config.quant_method == "awq") load through transformers' AwqConfig
+    with gptqmodel backend `awq_backend` (default torch_awq on a CPU, gptqmodel's choice on a GPU).
+    `config` overrides the checkpoint's config (the FlashHead body loads as Qwen3 this way).
+    """
+    local = resolve_model_dir(path)
+    if not (local / "config.json").exists():
+        raise FileNotFoundError(f"model directory {local} has no config.json")
+    cfg = json.loads((local / "config.json").read_text())
     kwargs = dict(dtype=getattr(torch, dtype), trust_remote_code=False, device_map=device)
-    cfg = json.loads((Path(path) / "config.json").read_text()) if Path(path, "config.json").exists() else {}
-    if cfg.get("quantization_config", {}).get("quant_method") == "awq" and awq_backend:
-        from transformers import AwqConfig
-        q = cfg["quantization_config"]
-        kwargs["quantization_config"] = AwqConfig(bits=q.get("bits", 4), group_size=q.get("group_size", 128),
-                                                  zero_point=q.get("zero_point", True), version=q.get("version", "gemm"),
-                                                  backend=awq_backend)
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+    if config is not None:
+        kwargs["config"] = config
+    quant = cfg.get("quantization_config") or {}
+    if quant.get("quant_method") == "awq":
+        kwargs["quantization_config"] = awq_config(quant, awq_backend, device)
+    elif quant:
+        raise ValueError(f"{path}: quantization method {quant.get('quant_method')!r} is not supported (AWQ only)")
+    model = AutoModelForCausalLM.from_pretrained(str(local), **kwargs).eval()
+    if quant and not any(hasattr(m, "qweight") for m in model.modules()):
+        raise RuntimeError(f"{path}: AWQ checkpoint loaded without any quantised layer (backend {awq_backend!r})")
+    return model
 
 
 def is_available(name: str) -> bool:
-    """A local directory with config.json, or a hub id already in the local Hugging Face cache."""
-    if Path(name).expanduser().is_dir():
-        return Path(name, "config.json").expanduser().exists()
-    from huggingface_hub import try_to_load_from_cache
-    return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    """A local directory, or a hub id already in the local Hugging Face cache, with config.json and weights."""
+    try:
+        d = resolve_model_dir(name)
+    except FileNotFoundError:
+        return False
+    return (d / "config.json").is_file() and any((d / w).is_file() for w in WEIGHT_FILES)
 
 
 def check_pretrained_available(profile: Profile) -> None:
@@ -79,8 +168,10 @@ def check_pretrained_available(profile: Profile) -> None:
     names = [profile.models.target, profile.models.draft, profile.models.flash_draft]
     missing = [n for n in names if not is_available(n)]
     if missing:
-        lines = "\n".join(f"  {n}:  huggingface-cli download {n}" for n in missing)
-        raise FileNotFoundError(f"profile {profile.name!r} needs model weights that are not on this machine:\n{lines}\n"
+        lines = "\n".join(f"  {n}:  " + (f"no model directory {Path(n).expanduser()}" if looks_like_path(n)
+                                          else fetch_command(n)) for n in missing)
+        raise FileNotFoundError(f"profile {profile.name!r} needs model weights that are not on this machine "
+                                f"(hub cache {hub_cache_dir()}):\n{lines}\n"
                                 "(or set models.* in the profile to local directories)")
 
 
@@ -93,7 +184,7 @@ def load_target(profile: Profile):
 
 
 def load_draft(profile: Profile):
-    return load_model(model_path(profile, "draft"), profile.dtype, profile.draft_device)
+    return load_model(model_path(profile, "draft"), profile.dtype, profile.draft_device, profile.models.awq_backend)
 
 
 def load_tokenizer(profile: Profile):
@@ -129,8 +220,12 @@ def save_flash_checkpoint(draft_dir: str | Path, out_dir: str | Path, centroids:
 
 
 def read_flash_checkpoint(path: str | Path, hidden_size: int | None = None, vocab_size: int | None = None):
-    """Read and check a FlashHead directory. Returns (config dict, centroids (c,d), assignments (V,))."""
+    """Read and check a FlashHead directory (or a hub id in the local cache).
+    Returns (config dict, centroids (c,d), assignments (V,))."""
     path = Path(path)
+    if not path.expanduser().is_dir() and not looks_like_path(str(path)):
+        path = resolve_model_dir(str(path))                            # hub id -> cached snapshot
+    path = path.expanduser()
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"FlashHead checkpoint {path}: no config.json")
@@ -167,13 +262,29 @@ def read_flash_checkpoint(path: str | Path, hidden_size: int | None = None, voca
     return cfg, cents, assign
 
 
+def flash_body_config(cfg: dict) -> Qwen3Config:
+    """The FlashHead checkpoint's config as a plain Qwen3 config. Its config.json names the architecture
+    FlashHeadQwen3ForCausalLM (so that vLLM refuses it without the plugin) and model_type qwen3 (older
+    exports: flash_head_qwen3); the body is an ordinary Qwen3ForCausalLM, loaded without remote code."""
+    model_type = cfg.get("model_type", "qwen3")
+    if model_type not in ("qwen3", "flash_head_qwen3"):
+        raise ValueError(f"FlashHead checkpoint body has model_type {model_type!r}; only Qwen3 bodies are supported")
+    body = {k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "auto_map")}
+    config = Qwen3Config.from_dict(body)
+    config.architectures = ["Qwen3ForCausalLM"]
+    return config
+
+
 def load_flash_draft(profile: Profile, n_probes: int | None = None):
-    """The FlashHead draft: the checkpoint's body as Qwen3 (remote code off) and its FlashHead."""
+    """The FlashHead draft: the checkpoint's body as Qwen3ForCausalLM (remote code off) and its FlashHead."""
     path = profile.flash_dir
     if profile.models.source == "synthetic" and not (path / "config.json").exists():
         raise FileNotFoundError(f"no FlashHead checkpoint at {path}: run notebook 01 (or lib.pipeline.ensure_flash_checkpoint)")
+    if profile.models.source == "pretrained":
+        path = resolve_model_dir(profile.models.flash_draft)
     cfg, cents, assign = read_flash_checkpoint(path)
-    model = load_model(str(path), profile.dtype, profile.draft_device)
+    model = load_model(str(path), profile.dtype, profile.draft_device, profile.models.awq_backend,
+                       config=flash_body_config(cfg))
     W = model.get_output_embeddings().weight
     if W.shape[1] != cents.shape[1] or W.shape[0] != assign.numel():
         raise ValueError(f"FlashHead checkpoint {path}: clustering is for V={assign.numel()}, d={cents.shape[1]} "

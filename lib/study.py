@@ -11,7 +11,7 @@ import torch
 from tqdm import tqdm
 
 from . import bench, clustering as cl, models, prompts as prompt_lib
-from .config import Profile, as_dict, load_profile
+from .config import ROOT, Profile, as_dict, load_profile
 from .heads import DenseHead
 from .speculative import Draft, Target, generate_baseline, generate_speculative
 
@@ -45,7 +45,7 @@ def read_json(profile: Profile, name: str) -> dict:
 
 def prompt_set(profile: Profile) -> list[prompt_lib.Prompt]:
     p = profile.prompts
-    path = prompt_lib.BUILTIN if p.file == "builtin" else Path(p.file).expanduser()
+    path = prompt_lib.BUILTIN if p.file == "builtin" else ROOT / Path(p.file).expanduser()   # absolute stays absolute
     return prompt_lib.select(prompt_lib.load_questions(path), p.per_group, limit=p.limit)
 
 
@@ -98,11 +98,30 @@ def recluster(profile: Profile, progress: bool = True) -> dict:
         f"top{c.top_k}_containment": cl.containment(H, W, cents, assign, c.n_probes, c.top_k),
         "probe_sweep": sweep,
     }
+    if c.compare_shipped:
+        result["shipped"] = compare_shipped(profile, x, H, W, assign, cents)
     if profile.models.source == "synthetic":
         models.save_flash_checkpoint(models.model_path(profile, "draft"), profile.flash_dir, cents, assign,
                                      c.n_probes, models.special_token_ids(tok))
     save_json(profile, "clustering.json", result)
     return result
+
+
+def compare_shipped(profile: Profile, x: torch.Tensor, H: torch.Tensor, W: torch.Tensor, assign: torch.Tensor,
+                    cents: torch.Tensor) -> dict:
+    """Our re-clustering against the FlashHead checkpoint's own: objectives, agreement, containment."""
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+    c = profile.clustering
+    _, shipped_cents, shipped = models.read_flash_checkpoint(profile.flash_dir, W.shape[1], W.shape[0])
+    shipped = shipped.to(W.device)
+    ours, theirs = assign.cpu().numpy(), shipped.cpu().numpy()
+    n = shipped_cents.shape[0]
+    return {"n_clusters": int(n), "mean_cosine_shipped": cl.objective(x, shipped, n),
+            "mean_cosine_ours": cl.objective(x, assign, c.n_clusters),
+            "adjusted_rand_index": float(adjusted_rand_score(theirs, ours)),
+            "nmi": float(normalized_mutual_info_score(theirs, ours)),
+            "top1_containment_shipped": cl.containment(H, W, shipped_cents.to(W), shipped, c.n_probes, 1),
+            "top1_containment_ours": cl.containment(H, W, cents, assign, c.n_probes, 1)}
 
 
 def ensure_flash_checkpoint(profile: Profile) -> Path:
@@ -265,12 +284,8 @@ def run_e2e(profile: Profile, run_dir: Path | None = None, shard: tuple[int, int
     are skipped). shard=(i, n) runs every n-th prompt starting at i (for Slurm arrays)."""
     tok = models.load_tokenizer(profile)
     enc = encoded_prompts(profile, tok)
-    if run_dir is None:
-        run_dir = bench.new_run(profile.out_dir, {"profile": as_dict(profile), "device": device_info(profile),
-                                                  "prompts": [p.question_id for p, _ in enc]})
-    done = {(r["iteration"], r["question_id"], r["mode"]) for r in bench.read_records(run_dir)}
-    keys = [k for k in sample_keys(profile, len(enc)) if k[1] % shard[1] == shard[0]
-            and (k[0], enc[k[1]][0].question_id, mode_name(*k[2:])) not in done]
+    run_dir = run_dir or start_run(profile, enc)
+    keys = pending_keys(profile, run_dir, enc, shard)
     if not keys:
         return run_dir
     target_model = target_model or models.load_target(profile)
@@ -282,8 +297,20 @@ def run_e2e(profile: Profile, run_dir: Path | None = None, shard: tuple[int, int
     for it, i, draft, schedule in tqdm(keys, desc=f"e2e {profile.name}", disable=not progress):
         prompt, ids = enc[i]
         res = run_one(target, drafts, profile, ids, draft, schedule)
-        bench.append_record(run_dir, record(res, prompt, ids, it, draft, schedule))
+        bench.append_record(run_dir, record(res, prompt, ids, it, draft, schedule), shard=shard)
     return run_dir
+
+
+def start_run(profile: Profile, enc: list) -> Path:
+    return bench.new_run(profile.out_dir, {"profile": as_dict(profile), "device": device_info(profile),
+                                           "prompts": [p.question_id for p, _ in enc]})
+
+
+def pending_keys(profile: Profile, run_dir: Path, enc: list, shard: tuple[int, int] = (0, 1)) -> list:
+    """Sample keys of this shard (every n-th prompt from i) that the run has no record of yet."""
+    done = {(r["iteration"], r["question_id"], r["mode"]) for r in bench.read_records(run_dir)}
+    return [k for k in sample_keys(profile, len(enc)) if k[1] % shard[1] == shard[0]
+            and (k[0], enc[k[1]][0].question_id, mode_name(*k[2:])) not in done]
 
 
 def finish_run(run_dir: Path) -> list[dict]:
@@ -292,7 +319,7 @@ def finish_run(run_dir: Path) -> list[dict]:
     ref = {(r["iteration"], r["question_id"]): r["tokens"] for r in recs if r["mode"] == "baseline"}
     for r in recs:
         r["exact_match"] = r["tokens"] == ref.get((r["iteration"], r["question_id"]))
-    (run_dir / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    bench.merge_records(run_dir, recs)
     bench.mark_finished(run_dir)
     return recs
 
@@ -302,11 +329,39 @@ def device_info(profile: Profile) -> dict:
             "torch": torch.__version__, "cuda": torch.version.cuda}
 
 
-def run_e2e_launch(profile: Profile, launcher: str = "local", target_model=None) -> Path:
-    """Run notebook 03's sample set here (local) or sharded over a Slurm array (slurm)."""
+def run_e2e_launch(profile: Profile, launcher: str = "local", target_model=None, run_dir: Path | None = None) -> Path:
+    """Run notebook 03's sample set here (local), or sharded by prompt over a Slurm array through
+    submitit (slurm; 'submitit-local' runs the same shards as local processes, for testing).
+    Shards append to their own files in one run directory; a failed shard is reported with its log,
+    and calling again with run_dir resumes: finished samples are skipped."""
     if launcher == "local":
-        return run_e2e(profile, target_model=target_model)
-    raise ValueError(f"unknown launcher {launcher!r}: use local or slurm")
+        return run_e2e(profile, run_dir, target_model=target_model)
+    if launcher not in ("slurm", "submitit-local"):
+        raise ValueError(f"unknown launcher {launcher!r}: use local, slurm or submitit-local")
+    import submitit
+    tok = models.load_tokenizer(profile)
+    enc = encoded_prompts(profile, tok)
+    run_dir = run_dir or start_run(profile, enc)
+    c = profile.cluster
+    n = min(c.shards, len(enc))
+    shards = [(i, n) for i in range(n) if pending_keys(profile, run_dir, enc, (i, n))]
+    cluster = {"slurm": "slurm", "submitit-local": "local"}[launcher]
+    ex = submitit.AutoExecutor(folder=run_dir / "logs" / "%j", cluster=cluster)
+    ex.update_parameters(timeout_min=c.timeout_min, gpus_per_node=c.gpus_per_task, slurm_array_parallelism=n,
+                         **({"slurm_partition": c.partition} if c.partition and cluster == "slurm" else {}))
+    jobs = ex.map_array(run_e2e, [profile] * len(shards), [run_dir] * len(shards), shards, [False] * len(shards))
+    failed = []
+    for shard, job in zip(shards, tqdm(jobs, desc="shards")):
+        try:
+            job.result()
+        except Exception as e:                                                     # noqa: BLE001 - reported below
+            lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln] or [repr(e)]
+            failed.append(f"shard {shard[0]}/{n} (job {job.job_id}): {lines[-1]}; log: {job.paths.stderr}")
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(shards)} shards failed; finished samples are kept in {run_dir}. "
+                           f"Resume with run_e2e_launch(profile, {launcher!r}, run_dir=Path({str(run_dir)!r})).\n"
+                           + "\n".join(failed))
+    return run_dir
 
 
 def extra_summary(profile: Profile) -> dict:
