@@ -32,18 +32,19 @@ class Clock:
         self.cuda = torch.device(device).type == "cuda"
         self.spans: dict[str, list] = defaultdict(list)
 
-    def mark(self):
+    def mark(self, device=None):
         if self.cuda:
             e = torch.cuda.Event(enable_timing=True)
-            e.record()
+            e.record(torch.cuda.current_stream(device))
             return e
         return time.perf_counter()
 
     @contextmanager
-    def span(self, name: str):
-        start = self.mark()
+    def span(self, name: str, device=None):
+        """Time the enclosed work; `device` names the GPU it runs on when that is not the current one."""
+        start = self.mark(device)
         yield
-        self.spans[name].append((start, self.mark()))
+        self.spans[name].append((start, self.mark(device)))
 
     def totals(self) -> dict[str, float]:
         """Milliseconds per span name (synchronises once on CUDA)."""

@@ -194,7 +194,8 @@ def _validate(p: Profile, where: str) -> None:
     need(p.decode.k >= 1, "decode.k must be >= 1")
     need(p.decode.max_new_tokens >= 2, "decode.max_new_tokens must be >= 2")
     need(set(p.decode.modes) <= {"baseline", "dense", "flash", "dense_shared"}, f"decode.modes: unknown mode in {p.decode.modes}")
-    need(set(p.decode.schedules) <= {"ordinary", "deferred"}, f"decode.schedules: unknown schedule in {p.decode.schedules}")
+    need(set(p.decode.schedules) <= {"ordinary", "deferred", "pipelined"},
+         f"decode.schedules: unknown schedule in {p.decode.schedules}")
     need(p.bench.iters >= 1 and p.bench.e2e_iters >= 1, "bench.iters and bench.e2e_iters must be >= 1")
 
 

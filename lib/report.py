@@ -17,10 +17,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 MODES = ["baseline", "dense_ordinary", "dense_shared_ordinary", "flash_ordinary",
+         "dense_pipelined", "dense_shared_pipelined", "flash_pipelined",
          "dense_deferred", "dense_shared_deferred", "flash_deferred"]
 LABELS = {"baseline": "Baseline", "dense_ordinary": "Dense draft", "dense_shared_ordinary": "Dense shared",
           "flash_ordinary": "FlashHead draft", "dense_deferred": "Dense deferred",
-          "dense_shared_deferred": "Dense shared deferred", "flash_deferred": "FlashHead deferred"}
+          "dense_shared_deferred": "Dense shared deferred", "flash_deferred": "FlashHead deferred",
+          "dense_pipelined": "Dense pipelined", "dense_shared_pipelined": "Dense shared pipelined",
+          "flash_pipelined": "FlashHead pipelined"}
 
 
 def thesis_numbers() -> dict:
@@ -69,7 +72,7 @@ def identities(df: pd.DataFrame) -> pd.DataFrame:
         "decode tokens == sum of (accepted + 1) per round": (spec.decode_tokens == lens.map(lambda a: sum(a) + len(a))).all(),
         "rounds == number of accepted lengths": (spec.rounds == lens.map(len)).all(),
         "accepted <= proposed": (spec.accepted <= spec.proposed).all(),
-        "ordinary: append calls == rounds": (spec[spec.schedule == "ordinary"].eval("append_calls == rounds")).all(),
+        "ordinary/pipelined: append calls == rounds": (spec[spec.schedule != "deferred"].eval("append_calls == rounds")).all(),
         "deferred: one append call (the first token)": (spec[spec.schedule == "deferred"].append_calls == 1).all(),
         "verify calls + skipped <= rounds": (spec.verify_calls + spec.skipped <= spec.rounds).all(),
         "baseline: append calls == decode tokens": (df[df["mode"] == "baseline"].eval("append_calls == decode_tokens")).all(),

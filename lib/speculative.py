@@ -10,11 +10,15 @@ Schedules (thesis 3.3 and 3.6.2):
   deferred  the final token is not appended; it is prepended to the next round's verify batch
             [final, d1..dK], whose first output replaces the pending prediction. The skip can only
             fire where the pending prediction exists (the first round, after the initial append).
-Both emit exactly the target's greedy continuation.
+  pipelined the ordinary schedule with the target append of the final token running on a worker
+            thread (its own CUDA stream) while the draft catches up and proposes the next block
+            (thesis 3.6.1): a round costs about max(append, draft) instead of their sum.
+All emit exactly the target's greedy continuation.
 """
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -36,9 +40,9 @@ class Draft:
         """
         x, pos, out = catch_up, start, []
         for i in range(k):
-            with clock.span("call_draft_body"):
+            with clock.span("call_draft_body", self.runner.device):
                 h = self.runner.forward(x, pos)                             # (1,n,d)
-            with clock.span("call_draft_head"):
+            with clock.span("call_draft_head", self.runner.device):
                 tok = self.head(h[:, -1]).clone()                           # (1,)
             out.append(tok)
             pos += x.shape[1]
@@ -102,6 +106,57 @@ def generate_baseline(target: Target, prompt: list[int], max_new: int) -> Result
     return Result(tokens, 1000 * (t1 - t0), 1000 * (t2 - t1), append_calls=max_new - 1, spans_ms=clock.totals())
 
 
+SCHEDULES = ("ordinary", "deferred", "pipelined")
+
+
+class Appender:
+    """The ordinary schedule's single-token target append, run inline or on a worker thread with its
+    own CUDA stream (pipelined). result() returns the pending prediction (1,) on the main stream."""
+
+    def __init__(self, target: Target, clock: Clock, pipelined: bool):
+        self.target, self.clock = target, clock
+        self.pool = ThreadPoolExecutor(1) if pipelined else None
+        cuda = target.runner.device.type == "cuda"
+        self.stream = torch.cuda.Stream(target.runner.device) if pipelined and cuda else None
+        self.future = None
+
+    def submit(self, ids: torch.Tensor, start: int) -> None:
+        if self.pool is None:
+            self.value = self._append(ids, start, None)
+            return
+        ready = None
+        if self.stream is not None:
+            ready = torch.cuda.Event()
+            ready.record()                                                  # ids were written on the main stream
+        self.future = self.pool.submit(self._append, ids, start, ready)
+
+    def _append(self, ids: torch.Tensor, start: int, ready) -> torch.Tensor:
+        if self.stream is None:
+            with self.clock.span("finalize"):
+                return self.target.greedy(self.clock, ids, start)
+        with torch.cuda.stream(self.stream):
+            self.stream.wait_event(ready)
+            with self.clock.span("finalize"):
+                out = self.target.greedy(self.clock, ids, start)
+            done = torch.cuda.Event()
+            done.record()
+        return out, done
+
+    def result(self) -> torch.Tensor:
+        if self.pool is None:
+            return self.value
+        out = self.future.result()
+        if self.stream is None:
+            return out
+        out, done = out
+        torch.cuda.current_stream(self.target.runner.device).wait_event(done)
+        return out
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
 def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_new: int, k: int,
                          schedule: str) -> Result:
     """Greedy speculative decoding (ordinary or deferred); output equals target greedy decoding.
@@ -109,8 +164,8 @@ def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_ne
     Emitted tokens live in a device buffer, so model inputs are sliced on the device; the host
     reads tokens once per round (the accepted length), never inside the proposal loop.
     """
-    if schedule not in ("ordinary", "deferred"):
-        raise ValueError(f"unknown schedule {schedule!r}: use ordinary or deferred")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}: use one of {SCHEDULES}")
     tdev, ddev = target.runner.device, draft.runner.device
     clock = Clock(tdev)
     P = len(prompt)
@@ -125,11 +180,13 @@ def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_ne
     res = Result([], 1000 * (t1 - t0), 0.0)
 
     with clock.span("initial"):
-        with clock.span("call_draft_prefill"):
+        with clock.span("call_draft_prefill", ddev):
             draft.runner.forward(buf[None, :P].to(ddev), 0, graph=False)           # draft prefill
         pending = target.greedy(clock, buf[None, P:P + 1], P)                       # initial target append
     t_pos, d_pos = P + 1, P                                                         # tokens in each cache
     res.append_calls = 1
+    appender = Appender(target, clock, schedule == "pipelined")
+    appending = False                                                               # an append is in flight
 
     while len(seq) - P < max_new:
         n = len(seq)
@@ -139,6 +196,8 @@ def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_ne
             if kk > 0:
                 props = draft.propose(clock, buf[None, d_pos:n].to(ddev), d_pos, kk).to(tdev)
                 d_pos = n + kk - 1
+        if appending:
+            pending, appending = appender.result(), False                           # join the overlapped append
         with clock.span("verify"):
             if pending is not None:                                                 # target is up to date
                 got = torch.cat([props[:1], pending]).tolist()                      # one sync
@@ -167,13 +226,15 @@ def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_ne
         res.proposed += kk
         res.accepted += a
         res.accepted_lengths.append(a)
-        with clock.span("finalize"):
-            if schedule == "ordinary" and len(seq) - P < max_new:
-                pending = target.greedy(clock, buf[None, t_pos:t_pos + 1], t_pos)    # single-token append
-                t_pos += 1
-                res.append_calls += 1
-            else:
+        if schedule != "deferred" and len(seq) - P < max_new:
+            appender.submit(buf[None, t_pos:t_pos + 1], t_pos)                      # single-token append
+            pending, appending = None, True
+            t_pos += 1
+            res.append_calls += 1
+        else:
+            with clock.span("finalize"):                                            # nothing to append
                 pending = None
+    appender.close()
     sync(tdev)
     sync(ddev)
     res.decode_ms = 1000 * (time.perf_counter() - t1)

@@ -1,0 +1,265 @@
+"""The thesis profile (params/thesis.yaml) and the loading of its three model formats, offline.
+
+Real-format tiny checkpoints (tests/fixtures_thesis.py) stand in for Qwen/Qwen3-32B-AWQ (AWQ GEMM, loaded
+through transformers' AwqConfig and gptqmodel's torch_awq kernel), Qwen/Qwen3-0.6B (dense, tied) and
+embedl/Qwen3-0.6B-FlashHead (FlashHeadQwen3ForCausalLM config + clustering assets).
+"""
+import json
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from lib import models
+from lib.config import load_profile
+from lib.heads import DenseHead, FlashHead
+from lib.models import GraphedHead, Runner, read_flash_checkpoint
+from lib.speculative import Draft, Target, generate_baseline, generate_speculative
+
+import fixtures_thesis as fx
+
+ASSETS = "flash_head_assets/clustering_cache.safetensors"
+THESIS_MODELS = ("Qwen/Qwen3-32B-AWQ", "Qwen/Qwen3-0.6B", "embedl/Qwen3-0.6B-FlashHead")
+ENV_KEYS = ("PYTORCH_ALLOC_CONF", "CUDA_DEVICE_ORDER")
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def empty_hub(monkeypatch, tmp_path) -> Path:
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    return tmp_path / "hf_home" / "hub"
+
+
+# ---------------------------------------------------------------- the profile itself (no gptqmodel needed)
+
+def test_thesis_profile_loads_and_validates():
+    p = load_profile("thesis")
+    assert (p.name, p.seed, p.dtype, p.target_device, p.draft_device) == ("thesis", 0, "float16", "cuda:0", "cuda:1")
+    m = p.models
+    assert (m.source, m.target, m.draft, m.flash_draft, m.awq_backend) == ("pretrained", *THESIS_MODELS, "marlin")
+    assert m.synthetic is None
+    c = p.clustering
+    assert (c.n_clusters, c.n_probes, c.iterations, c.candidates, c.top_k, c.compare_shipped) == (9496, 256, 10, 32, 5, True)
+    assert c.probe_sweep == [16, 32, 64, 128, 256, 512]
+    assert (p.decode.k, p.decode.max_new_tokens, p.decode.max_prompt_tokens) == (6, 64, 1024)
+    assert (p.prompts.file, p.prompts.per_group) == ("data/spec_bench/question.jsonl", 2)
+    assert (p.bench.warmup, p.bench.iters, p.bench.e2e_warmup, p.bench.e2e_iters) == (20, 200, 1, 1)
+    assert p.flash_dir == Path("embedl/Qwen3-0.6B-FlashHead")
+
+
+def test_check_pretrained_names_every_missing_model(monkeypatch, tmp_path):
+    empty_hub(monkeypatch, tmp_path)
+    with pytest.raises(FileNotFoundError) as e:
+        models.check_pretrained_available(load_profile("thesis"))
+    msg = str(e.value)
+    for name in THESIS_MODELS:
+        assert name in msg
+        assert f"huggingface-cli download {name}" in msg and f"hf download {name}" in msg
+    assert not (tmp_path / "hf_home").exists() or not any((tmp_path / "hf_home").rglob("*.safetensors"))
+
+
+def test_check_pretrained_names_missing_local_directories(tmp_path):
+    p = load_profile("thesis")
+    gone = str(tmp_path / "nowhere" / "target")
+    p = replace(p, models=replace(p.models, target=gone))
+    with pytest.raises(FileNotFoundError, match="no model directory") as e:
+        models.check_pretrained_available(p)
+    assert gone in str(e.value) and "Qwen/Qwen3-0.6B" in str(e.value)
+
+
+def test_missing_hub_model_is_a_clear_error(monkeypatch, tmp_path):
+    empty_hub(monkeypatch, tmp_path)
+    with pytest.raises(FileNotFoundError, match="hf download Qwen/Qwen3-0.6B"):
+        models.load_model("Qwen/Qwen3-0.6B", "float32", "cpu")
+    with pytest.raises(FileNotFoundError, match="local Hugging Face cache"):
+        read_flash_checkpoint("embedl/Qwen3-0.6B-FlashHead")
+
+
+def test_gpu_only_awq_backend_refused_on_cpu():
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        models.awq_config({"quant_method": "awq", "bits": 4}, "marlin", "cpu")
+
+
+# ---------------------------------------------------------------- the three formats, loaded through the profile
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        return fx.thesis_pair(tmp_path_factory.mktemp("thesis"))
+
+
+@pytest.fixture(scope="module")
+def profile(ckpts):
+    p = load_profile("thesis")
+    return replace(p, dtype="float32", target_device="cpu", draft_device="cpu",
+                   models=replace(p.models, target=str(ckpts["target"]), draft=str(ckpts["draft"]),
+                                  flash_draft=str(ckpts["flash_draft"]), awq_backend="torch_awq"),
+                   clustering=replace(p.clustering, n_clusters=fx.N_CLUSTERS, n_probes=fx.N_PROBES,
+                                      probe_sweep=[1, 2, 4, 8]))
+
+
+@pytest.fixture(scope="module")
+def loaded(profile):
+    pytest.importorskip("gptqmodel")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        for k in ENV_KEYS:
+            mp.delenv(k, raising=False)
+        models.check_pretrained_available(profile)                       # all three present: no error
+        target = models.load_target(profile)
+        env_after = {k: os.environ.get(k) for k in ENV_KEYS}
+        draft = models.load_draft(profile)
+        flash, head = models.load_flash_draft(profile)
+    return dict(target=target, draft=draft, flash=flash, head=head, env_after=env_after)
+
+
+def test_fixture_formats_are_the_real_ones(ckpts):
+    cfg = json.loads((ckpts["target"] / "config.json").read_text())
+    assert cfg["quantization_config"] == {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": 128,
+                                          "zero_point": True, "modules_to_not_convert": None}
+    assert not cfg["tie_word_embeddings"]
+    from safetensors import safe_open
+    with safe_open(str(ckpts["target"] / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        q = "model.layers.0.self_attn.k_proj"
+        assert f.get_tensor(f"{q}.qweight").dtype == torch.int32 and f.get_tensor(f"{q}.qweight").shape == (128, 64 // 8)
+        assert f.get_tensor(f"{q}.qzeros").shape == (1, 64 // 8) and f.get_tensor(f"{q}.scales").dtype == torch.float16
+    assert f"{q}.weight" not in keys and "lm_head.weight" in keys
+    dcfg = json.loads((ckpts["draft"] / "config.json").read_text())
+    assert dcfg["tie_word_embeddings"] and dcfg["vocab_size"] == cfg["vocab_size"] == fx.VOCAB
+    fcfg = json.loads((ckpts["flash_draft"] / "config.json").read_text())
+    assert fcfg["architectures"] == ["FlashHeadQwen3ForCausalLM"] and fcfg["n_clusters"] == fx.N_CLUSTERS
+    assert (ckpts["flash_draft"] / ASSETS).is_file()
+    for d in ("target", "draft", "flash_draft"):                         # one shared tokenizer
+        assert (ckpts[d] / "tokenizer.json").read_text() == (ckpts["target"] / "tokenizer.json").read_text()
+
+
+def test_awq_pack_order_round_trip():
+    q = torch.randint(0, 16, (4, 16), generator=torch.Generator().manual_seed(0))
+    p = fx.pack_int4_awq(q)
+    assert p.dtype == torch.int32 and p.shape == (4, 2)
+    assert torch.equal(fx.unpack_int4_awq(p), q)
+    assert (p[0, 0].item() & 0xF) == q[0, 0] and ((p[0, 0].item() >> 4) & 0xF) == q[0, 2]   # nibble 1 = column 2
+
+
+def test_awq_target_matches_dequantised_reference(loaded, ckpts):
+    target, ref = loaded["target"], ckpts["reference"]
+    qlin = target.model.layers[0].self_attn.q_proj
+    assert type(qlin).__name__ == "AwqTorchLinear" and hasattr(qlin, "qweight")
+    assert type(target.lm_head) is torch.nn.Linear                      # the head stays dense
+    ids = torch.randint(0, fx.VOCAB, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got, want = target(ids).logits[0].float(), ref(ids).logits[0].float()
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    assert (got - want).abs().max() < 2e-3 * want.abs().max()           # the kernel's fp16 arithmetic, nothing more
+
+
+def test_gptqmodel_leaves_the_environment_alone(loaded):
+    assert loaded["env_after"] == {k: None for k in ENV_KEYS}
+
+
+def test_runner_on_the_awq_target_matches_hf(loaded):
+    target = loaded["target"]
+    ids = torch.randint(0, fx.VOCAB, (1, 10), generator=torch.Generator().manual_seed(2))
+    r = Runner(target, 16)
+    got = torch.cat([r.greedy(ids[:, :6], 0, graph=False), r.greedy(ids[:, 6:], 6, graph=False)])
+    with torch.no_grad():
+        assert torch.equal(got, target(ids).logits[0].argmax(-1))
+
+
+def test_flash_draft_is_qwen3_with_an_equal_size_flashhead(loaded):
+    from transformers import Qwen3ForCausalLM
+    flash, head, draft = loaded["flash"], loaded["head"], loaded["draft"]
+    assert type(flash) is Qwen3ForCausalLM and flash.config.architectures == ["Qwen3ForCausalLM"]
+    assert isinstance(head, FlashHead) and head.n_clusters == fx.N_CLUSTERS and head.n_probes == fx.N_PROBES
+    assert head.c2t.shape == (fx.N_CLUSTERS, fx.VOCAB // fx.N_CLUSTERS)           # equal clusters
+    assert torch.equal(head.c2t.flatten().sort().values, torch.arange(fx.VOCAB))
+    assert head.weight is flash.get_output_embeddings().weight
+    ids = torch.randint(0, fx.VOCAB, (1, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():                                               # same body as the dense draft
+        assert torch.equal(flash(ids).logits, draft(ids).logits)
+        h = flash.model(ids).last_hidden_state[0]
+    exact = head.with_probes(fx.N_CLUSTERS)                             # all probes: the dense argmax
+    assert torch.equal(exact(h), DenseHead(flash.get_output_embeddings().weight)(h))
+
+
+def test_older_flash_model_type_loads_as_qwen3(profile, ckpts, tmp_path, loaded):
+    d = shutil.copytree(ckpts["flash_draft"], tmp_path / "flash")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = "flash_head_qwen3"                              # unknown to AutoConfig without remote code
+    (d / "config.json").write_text(json.dumps(cfg))
+    model, head = models.load_flash_draft(replace(profile, models=replace(profile.models, flash_draft=str(d))))
+    assert type(model).__name__ == "Qwen3ForCausalLM" and head.n_clusters == fx.N_CLUSTERS
+
+
+def test_hub_ids_load_from_the_local_cache(monkeypatch, tmp_path, ckpts):
+    hub = empty_hub(monkeypatch, tmp_path)
+    repo = hub / "models--fixture--tiny-draft"
+    snap = repo / "snapshots" / ("0" * 40)
+    shutil.copytree(ckpts["draft"], snap)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    assert models.is_available("fixture/tiny-draft") and not models.is_available("fixture/absent")
+    assert models.resolve_model_dir("fixture/tiny-draft") == snap
+    m = models.load_model("fixture/tiny-draft", "float32", "cpu")
+    ids = torch.tensor([[1, 2, 3, 4]])
+    ref = models.load_model(str(ckpts["draft"]), "float32", "cpu")
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, ref(ids).logits)
+
+
+# ---------------------------------------------------------------- corrupted FlashHead copies
+
+def corrupt(ckpts, tmp_path, what: str) -> Path:
+    d = shutil.copytree(ckpts["flash_draft"], tmp_path / f"flash-{what}")
+    t = models.load_file(str(d / ASSETS))
+    if what == "unequal":
+        a = t["cluster_assignments"].clone()
+        a[0] = (a[0] + 1) % fx.N_CLUSTERS
+        models.save_file({"centroids": t["centroids"], "cluster_assignments": a}, str(d / ASSETS))
+    elif what == "vocab":
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["vocab_size"] = 2 * fx.VOCAB
+        (d / "config.json").write_text(json.dumps(cfg))
+    elif what == "assets":
+        (d / ASSETS).unlink()
+    return d
+
+
+@pytest.mark.parametrize("what, error, message", [
+    ("unequal", ValueError, "not of equal size"),
+    ("vocab", ValueError, f"cluster_assignments has {fx.VOCAB} entries but the vocabulary is {2 * fx.VOCAB}"),
+    ("assets", FileNotFoundError, "missing flash_head_assets/clustering_cache.safetensors"),
+])
+def test_corrupted_flash_checkpoint_refused(ckpts, tmp_path, what, error, message):
+    d = corrupt(ckpts, tmp_path, what)
+    with pytest.raises(error, match=message) as e:
+        read_flash_checkpoint(d)
+    assert str(d) in str(e.value)
+
+
+# ---------------------------------------------------------------- end to end
+
+@pytest.mark.parametrize("schedule", ["ordinary", "deferred"])
+def test_speculative_with_awq_target_and_flash_draft_equals_baseline(loaded, profile, ckpts, schedule):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(ckpts["draft"]))
+    prompt = tok("Write a short story about a robot learning to paint.")["input_ids"][:16]
+    max_new, k = 24, profile.decode.k
+    n = len(prompt) + max_new + k + 8
+    target = Target(Runner(loaded["target"], n))
+    flash, head = loaded["flash"], loaded["head"]
+    W = flash.get_output_embeddings().weight
+    draft = Draft(Runner(flash, n), GraphedHead(head, W.shape[1], W.device, W.dtype, graphs=False))
+    base = generate_baseline(target, prompt, max_new)
+    spec = generate_speculative(target, draft, prompt, max_new, k, schedule)
+    assert spec.tokens == base.tokens and len(base.tokens) == max_new
+    assert spec.rounds > 0 and spec.accepted > 0                         # the draft really is accepted sometimes
