@@ -86,6 +86,7 @@ class Bench:
     e2e_iters: int                    # measured passes over the prompt set
     cuda_graphs: bool = True          # capture decode/verify/head calls in CUDA graphs (GPU only)
     compile_draft: bool = False       # fuse the draft body's small ops with torch.compile (GPU only)
+    compile_target: bool = False      # the same for the target (one compile per verify length)
     verify_lengths: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8])
 
 

@@ -170,6 +170,11 @@ def draft_runner(model, profile: Profile) -> models.Runner:
     return models.Runner(model, max_len(profile), profile.bench.cuda_graphs, compile=cuda and profile.bench.compile_draft)
 
 
+def target_runner(model, profile: Profile) -> models.Runner:
+    cuda = torch.device(profile.target_device).type == "cuda"
+    return models.Runner(model, max_len(profile), profile.bench.cuda_graphs, compile=cuda and profile.bench.compile_target)
+
+
 # ---------------------------------------------------------------- notebook 02: microbenchmarks
 
 def head_and_step_bench(profile: Profile) -> dict:
@@ -212,7 +217,7 @@ def target_step_bench(profile: Profile, target=None) -> dict:
     """Target latency: one single-token step, and verify calls of each block length (graph replays)."""
     b = profile.bench
     target = target or models.load_target(profile)
-    runner = models.Runner(target, max_len(profile), b.cuda_graphs)
+    runner = target_runner(target, profile)
     dev = runner.device
     tok = models.load_tokenizer(profile)
     prompt = encoded_prompts(profile, tok)[0][1]
@@ -289,7 +294,7 @@ def run_e2e(profile: Profile, run_dir: Path | None = None, shard: tuple[int, int
     if not keys:
         return run_dir
     target_model = target_model or models.load_target(profile)
-    target = Target(models.Runner(target_model, max_len(profile), profile.bench.cuda_graphs))
+    target = Target(target_runner(target_model, profile))
     drafts = load_drafts(profile, [m for m, _ in mode_list(profile) if m != "baseline"])
     for draft, schedule in mode_list(profile):                                    # warm-up, not recorded
         for _ in range(profile.bench.e2e_warmup):
