@@ -35,6 +35,9 @@ class FlashHead:
         # Two-stage top-p: split the c scores into R rows, top-p per row, then top-p of the R*p
         # survivors (exact, and faster than one top-p over c on a GPU).
         self.rows = max([r for r in range(1, 9) if c % r == 0 and c // r >= n_probes], default=1)
+        self.fused = None
+        if weight.is_cuda:
+            self.fused = fused_kernel(self)
 
     def probes(self, h: torch.Tensor) -> torch.Tensor:
         """The top-p clusters (n,p) for hidden states h (n,d)."""
@@ -58,6 +61,12 @@ class FlashHead:
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         """h (n,d) -> token ids (n,), kept on the device (no host sync)."""
+        if self.fused is not None and h.shape[0] == 1:
+            return self.fused(h)
+        return self.reference(h)
+
+    def reference(self, h: torch.Tensor) -> torch.Tensor:
+        """The same selection in plain torch ops (any device, any batch)."""
         cand = self.candidates(h)                                               # (n,m)
         logits = torch.einsum("nmd,nd->nm", self.weight[cand], h)              # (n,m)
         return cand.gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
@@ -67,4 +76,29 @@ class FlashHead:
         other.__dict__.update(self.__dict__)
         other.n_probes = n_probes
         other.rows = max([r for r in range(1, 9) if self.n_clusters % r == 0 and self.n_clusters // r >= n_probes], default=1)
+        other.fused = fused_kernel(other) if self.weight.is_cuda else None
         return other
+
+
+def fused_kernel(head: FlashHead):
+    """The Triton path for one hidden state, if Triton is present and it agrees with the torch path
+    on test inputs; otherwise None (the torch path is used)."""
+    try:
+        from .kernels import flash_greedy_triton
+    except ImportError:
+        return None
+    c, b = head.c2t.shape
+    p = head.n_probes
+    if head.special.numel() > b or p & (p - 1):                                # needs specials <= b, p a power of 2
+        return None
+    special = head.special.repeat(b)[:b] if head.special.numel() else head.c2t[0]
+    c2t_ext = torch.cat([head.c2t, special[None]]).contiguous()                 # row c: the special tokens
+    W, cents = head.weight.contiguous(), head.centroids.contiguous()
+    fn = lambda h: flash_greedy_triton(h.contiguous(), W, cents, c2t_ext, p)
+    g = torch.Generator(device=W.device).manual_seed(0)
+    probe = W[torch.randint(0, W.shape[0], (8,), device=W.device, generator=g)]   # embedding-like queries
+    try:
+        agree = all(fn(x[None]).item() == head.reference(x[None]).item() for x in probe)
+    except Exception:                                                           # noqa: BLE001 - fall back to torch
+        return None
+    return fn if agree else None
