@@ -25,7 +25,7 @@ class FlashHead:
     """
 
     def __init__(self, weight: torch.Tensor, centroids: torch.Tensor, assignments: torch.Tensor,
-                 n_probes: int, special_ids: list[int] = ()):
+                 n_probes: int, special_ids: list[int] = (), kernel: str = "torch"):
         c = centroids.shape[0]
         self.weight = weight
         self.centroids = centroids.to(weight)                                   # (c,d)
@@ -35,9 +35,8 @@ class FlashHead:
         # Two-stage top-p: split the c scores into R rows, top-p per row, then top-p of the R*p
         # survivors (exact, and faster than one top-p over c on a GPU).
         self.rows = max([r for r in range(1, 9) if c % r == 0 and c // r >= n_probes], default=1)
-        self.fused = None
-        if weight.is_cuda:
-            self.fused = fused_kernel(self)
+        self.kernel = kernel                                                    # "torch" or "triton" (CUDA)
+        self.fused = fused_kernel(self) if kernel == "triton" and weight.is_cuda else None
 
     def probes(self, h: torch.Tensor) -> torch.Tensor:
         """The top-p clusters (n,p) for hidden states h (n,d)."""
@@ -76,7 +75,7 @@ class FlashHead:
         other.__dict__.update(self.__dict__)
         other.n_probes = n_probes
         other.rows = max([r for r in range(1, 9) if self.n_clusters % r == 0 and self.n_clusters // r >= n_probes], default=1)
-        other.fused = fused_kernel(other) if self.weight.is_cuda else None
+        other.fused = fused_kernel(other) if self.kernel == "triton" and self.weight.is_cuda else None
         return other
 
 
