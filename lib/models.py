@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -148,7 +149,9 @@ def load_model(path: str, dtype: str, device: str, awq_backend: str = "", config
         kwargs["quantization_config"] = awq_config(quant, awq_backend, device)
     elif quant:
         raise ValueError(f"{path}: quantization method {quant.get('quant_method')!r} is not supported (AWQ only)")
-    model = AutoModelForCausalLM.from_pretrained(str(local), **kwargs).eval()
+    with warnings.catch_warnings():                                    # the checkpoint's quantization_config wins
+        warnings.filterwarnings("ignore", message="You passed `quantization_config`", category=UserWarning)
+        model = AutoModelForCausalLM.from_pretrained(str(local), **kwargs).eval()
     if quant and not any(hasattr(m, "qweight") for m in model.modules()):
         raise RuntimeError(f"{path}: AWQ checkpoint loaded without any quantised layer (backend {awq_backend!r})")
     return model
@@ -188,7 +191,8 @@ def load_draft(profile: Profile):
 
 
 def load_tokenizer(profile: Profile):
-    return AutoTokenizer.from_pretrained(model_path(profile, "draft"), trust_remote_code=False)
+    """The draft's tokenizer (target and draft share it), from a local directory or the local cache."""
+    return AutoTokenizer.from_pretrained(str(resolve_model_dir(model_path(profile, "draft"))), trust_remote_code=False)
 
 
 # ---------------------------------------------------------------- FlashHead checkpoint format
@@ -290,7 +294,7 @@ def load_flash_draft(profile: Profile, n_probes: int | None = None):
         raise ValueError(f"FlashHead checkpoint {path}: clustering is for V={assign.numel()}, d={cents.shape[1]} "
                          f"but the body has V={W.shape[0]}, d={W.shape[1]}")
     head = FlashHead(W, cents.to(W.device), assign, n_probes or profile.clustering.n_probes,
-                     cfg["flash_head_special_token_ids"])
+                     cfg["flash_head_special_token_ids"], kernel=profile.bench.flash_kernel)
     return model, head
 
 

@@ -62,7 +62,7 @@ def test_check_pretrained_names_every_missing_model(monkeypatch, tmp_path):
     for name in THESIS_MODELS:
         assert name in msg
         assert f"huggingface-cli download {name}" in msg and f"hf download {name}" in msg
-    assert not (tmp_path / "hf_home").exists() or not any((tmp_path / "hf_home").rglob("*.safetensors"))
+    assert not any((tmp_path / "hf_home").rglob("*.safetensors"))        # nothing was fetched
 
 
 def test_check_pretrained_names_missing_local_directories(tmp_path):
@@ -108,6 +108,7 @@ def profile(ckpts):
 
 @pytest.fixture(scope="module")
 def loaded(profile):
+    """The AWQ target through load_target (needs gptqmodel), and the environment just after loading it."""
     pytest.importorskip("gptqmodel")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
@@ -116,9 +117,17 @@ def loaded(profile):
         models.check_pretrained_available(profile)                       # all three present: no error
         target = models.load_target(profile)
         env_after = {k: os.environ.get(k) for k in ENV_KEYS}
+    return dict(target=target, env_after=env_after)
+
+
+@pytest.fixture(scope="module")
+def drafts(profile):
+    """The dense draft (load_draft) and the FlashHead draft (load_flash_draft): no gptqmodel needed."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
         draft = models.load_draft(profile)
         flash, head = models.load_flash_draft(profile)
-    return dict(target=target, draft=draft, flash=flash, head=head, env_after=env_after)
+    return dict(draft=draft, flash=flash, head=head)
 
 
 def test_fixture_formats_are_the_real_ones(ckpts):
@@ -175,9 +184,9 @@ def test_runner_on_the_awq_target_matches_hf(loaded):
         assert torch.equal(got, target(ids).logits[0].argmax(-1))
 
 
-def test_flash_draft_is_qwen3_with_an_equal_size_flashhead(loaded):
+def test_flash_draft_is_qwen3_with_an_equal_size_flashhead(drafts):
     from transformers import Qwen3ForCausalLM
-    flash, head, draft = loaded["flash"], loaded["head"], loaded["draft"]
+    flash, head, draft = drafts["flash"], drafts["head"], drafts["draft"]
     assert type(flash) is Qwen3ForCausalLM and flash.config.architectures == ["Qwen3ForCausalLM"]
     assert isinstance(head, FlashHead) and head.n_clusters == fx.N_CLUSTERS and head.n_probes == fx.N_PROBES
     assert head.c2t.shape == (fx.N_CLUSTERS, fx.VOCAB // fx.N_CLUSTERS)           # equal clusters
@@ -191,7 +200,7 @@ def test_flash_draft_is_qwen3_with_an_equal_size_flashhead(loaded):
     assert torch.equal(exact(h), DenseHead(flash.get_output_embeddings().weight)(h))
 
 
-def test_older_flash_model_type_loads_as_qwen3(profile, ckpts, tmp_path, loaded):
+def test_older_flash_model_type_loads_as_qwen3(profile, ckpts, tmp_path):
     d = shutil.copytree(ckpts["flash_draft"], tmp_path / "flash")
     cfg = json.loads((d / "config.json").read_text())
     cfg["model_type"] = "flash_head_qwen3"                              # unknown to AutoConfig without remote code
@@ -200,20 +209,34 @@ def test_older_flash_model_type_loads_as_qwen3(profile, ckpts, tmp_path, loaded)
     assert type(model).__name__ == "Qwen3ForCausalLM" and head.n_clusters == fx.N_CLUSTERS
 
 
-def test_hub_ids_load_from_the_local_cache(monkeypatch, tmp_path, ckpts):
-    hub = empty_hub(monkeypatch, tmp_path)
-    repo = hub / "models--fixture--tiny-draft"
+def cache_repo(hub: Path, repo_id: str, src: Path) -> Path:
+    """Lay a directory out as the hub cache does (models--org--name/{refs/main, snapshots/<commit>})."""
+    repo = hub / ("models--" + repo_id.replace("/", "--"))
     snap = repo / "snapshots" / ("0" * 40)
-    shutil.copytree(ckpts["draft"], snap)
+    shutil.copytree(src, snap)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0" * 40)
+    return snap
+
+
+def test_hub_ids_load_from_the_local_cache(monkeypatch, tmp_path, ckpts, profile, drafts):
+    hub = empty_hub(monkeypatch, tmp_path)
+    snap = cache_repo(hub, "fixture/tiny-draft", ckpts["draft"])
+    cache_repo(hub, "fixture/tiny-draft-flashhead", ckpts["flash_draft"])
     assert models.is_available("fixture/tiny-draft") and not models.is_available("fixture/absent")
     assert models.resolve_model_dir("fixture/tiny-draft") == snap
-    m = models.load_model("fixture/tiny-draft", "float32", "cpu")
+    p = replace(profile, models=replace(profile.models, draft="fixture/tiny-draft",
+                                        flash_draft="fixture/tiny-draft-flashhead"))
+    models.check_pretrained_available(p)                               # target: local dir; drafts: cached hub ids
+    cfg, _, assign = read_flash_checkpoint(p.flash_dir)               # notebook 01 reads the hub id like this
+    assert cfg["n_clusters"] == fx.N_CLUSTERS and assign.numel() == fx.VOCAB
+    draft = models.load_draft(p)
+    flash, head = models.load_flash_draft(p)
     ids = torch.tensor([[1, 2, 3, 4]])
-    ref = models.load_model(str(ckpts["draft"]), "float32", "cpu")
     with torch.no_grad():
-        assert torch.equal(m(ids).logits, ref(ids).logits)
+        assert torch.equal(draft(ids).logits, drafts["draft"](ids).logits)
+        assert torch.equal(flash(ids).logits, drafts["flash"](ids).logits)
+    assert torch.equal(head.c2t, drafts["head"].c2t)
 
 
 # ---------------------------------------------------------------- corrupted FlashHead copies
@@ -249,14 +272,14 @@ def test_corrupted_flash_checkpoint_refused(ckpts, tmp_path, what, error, messag
 # ---------------------------------------------------------------- end to end
 
 @pytest.mark.parametrize("schedule", ["ordinary", "deferred"])
-def test_speculative_with_awq_target_and_flash_draft_equals_baseline(loaded, profile, ckpts, schedule):
+def test_speculative_with_awq_target_and_flash_draft_equals_baseline(loaded, drafts, profile, ckpts, schedule):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(ckpts["draft"]))
     prompt = tok("Write a short story about a robot learning to paint.")["input_ids"][:16]
     max_new, k = 24, profile.decode.k
     n = len(prompt) + max_new + k + 8
     target = Target(Runner(loaded["target"], n))
-    flash, head = loaded["flash"], loaded["head"]
+    flash, head = drafts["flash"], drafts["head"]
     W = flash.get_output_embeddings().weight
     draft = Draft(Runner(flash, n), GraphedHead(head, W.shape[1], W.device, W.dtype, graphs=False))
     base = generate_baseline(target, prompt, max_new)
