@@ -32,6 +32,7 @@ def setup(profile_name: str) -> Profile:
 
 def save_json(profile: Profile, name: str, data: dict) -> Path:
     path = profile.out_dir / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=float))
     return path
 

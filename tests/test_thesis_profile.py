@@ -286,3 +286,20 @@ def test_speculative_with_awq_target_and_flash_draft_equals_baseline(loaded, dra
     spec = generate_speculative(target, draft, prompt, max_new, k, schedule)
     assert spec.tokens == base.tokens and len(base.tokens) == max_new
     assert spec.rounds > 0 and spec.accepted > 0                         # the draft really is accepted sometimes
+
+
+def test_notebook01_compares_with_the_shipped_clustering(profile, monkeypatch, tmp_path):
+    """Notebook 01 on a pretrained profile: re-cluster the draft's embeddings and compare with the
+    checkpoint's own clustering (objectives, ARI/NMI agreement, containment of each)."""
+    from lib import config, study
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(config, "ROOT", tmp_path)                         # outputs/ under tmp_path
+    p = replace(profile, prompts=replace(profile.prompts, file="builtin", per_group=1),
+                clustering=replace(profile.clustering, iterations=3))
+    res = study.recluster(p, progress=False)
+    s = res["shipped"]
+    assert res["equal_sizes"] and s["n_clusters"] == fx.N_CLUSTERS
+    assert -1 <= s["adjusted_rand_index"] <= 1 and 0 <= s["nmi"] <= 1
+    assert 0 < s["mean_cosine_shipped"] <= 1 and s["mean_cosine_ours"] == pytest.approx(res["mean_cosine"])
+    assert 0 <= s["top1_containment_shipped"] <= 1 and s["top1_containment_ours"] == pytest.approx(res["top1_containment"])
+    assert (tmp_path / "outputs" / p.name / "clustering.json").exists()
