@@ -56,7 +56,7 @@ def model_path(profile: Profile, which: str) -> str:
 
 
 AWQ_CPU_BACKENDS = ("torch_awq", "torch_fused_awq", "auto")   # gptqmodel kernels that run without CUDA
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")                # safetensors only, never pickles
 
 
 def hub_cache_dir() -> Path:
@@ -141,7 +141,7 @@ def load_model(path: str, dtype: str, device: str, awq_backend: str = "", config
     if not (local / "config.json").exists():
         raise FileNotFoundError(f"model directory {local} has no config.json")
     cfg = json.loads((local / "config.json").read_text())
-    kwargs = dict(dtype=getattr(torch, dtype), trust_remote_code=False, device_map=device)
+    kwargs = dict(dtype=getattr(torch, dtype), trust_remote_code=False, use_safetensors=True, device_map=device)
     if config is not None:
         kwargs["config"] = config
     quant = cfg.get("quantization_config") or {}
