@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
 from . import prompts as prompt_lib
 from .config import Profile, as_dict
-from .heads import DenseHead, FlashHead
+from .heads import FlashHead
 from .synthetic import SPECIAL_TOKENS, make_pair, make_tokenizer
 
 FLASH_KEYS = ("flash_head_cache_dir", "n_clusters", "n_probes", "flash_head_special_token_ids")
@@ -296,10 +296,6 @@ def load_flash_draft(profile: Profile, n_probes: int | None = None):
     head = FlashHead(W, cents.to(W.device), assign, n_probes or profile.clustering.n_probes,
                      cfg["flash_head_special_token_ids"], kernel=profile.bench.flash_kernel)
     return model, head
-
-
-def dense_head(model) -> DenseHead:
-    return DenseHead(model.get_output_embeddings().weight)
 
 
 # ---------------------------------------------------------------- static-cache runner
