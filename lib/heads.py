@@ -31,12 +31,16 @@ class FlashHead:
         self.centroids = centroids.to(weight)                                   # (c,d)
         self.c2t = cluster_to_token(assignments.to(weight.device), c)           # (c,b)
         self.special = torch.tensor(sorted(special_ids), dtype=torch.long, device=weight.device)
-        self.n_probes = n_probes
-        # Two-stage top-p: split the c scores into R rows, top-p per row, then top-p of the R*p
-        # survivors (exact, and faster than one top-p over c on a GPU).
-        self.rows = max([r for r in range(1, 9) if c % r == 0 and c // r >= n_probes], default=1)
         self.kernel = kernel                                                    # "torch" or "triton" (CUDA)
-        self.fused = fused_kernel(self) if kernel == "triton" and weight.is_cuda else None
+        self.set_probes(n_probes)
+
+    def set_probes(self, n_probes: int) -> None:
+        """Probe count and what depends on it. Two-stage top-p: split the c scores into R rows, top-p
+        per row, then top-p of the R*p survivors (exact, and faster than one top-p over c on a GPU)."""
+        c = self.centroids.shape[0]
+        self.n_probes = n_probes
+        self.rows = max([r for r in range(1, 9) if c % r == 0 and c // r >= n_probes], default=1)
+        self.fused = fused_kernel(self) if self.kernel == "triton" and self.weight.is_cuda else None
 
     def probes(self, h: torch.Tensor) -> torch.Tensor:
         """The top-p clusters (n,p) for hidden states h (n,d)."""
@@ -73,9 +77,7 @@ class FlashHead:
     def with_probes(self, n_probes: int) -> "FlashHead":
         other = object.__new__(FlashHead)
         other.__dict__.update(self.__dict__)
-        other.n_probes = n_probes
-        other.rows = max([r for r in range(1, 9) if self.n_clusters % r == 0 and self.n_clusters // r >= n_probes], default=1)
-        other.fused = fused_kernel(other) if self.kernel == "triton" and self.weight.is_cuda else None
+        other.set_probes(n_probes)
         return other
 
 

@@ -17,18 +17,24 @@ def _key(v, idx):
 
 
 @triton.jit
+def _dot_rows(h_ptr, w_ptr, rows, ok, N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """fp32 dot products (N,) of h with rows `rows` of the (., D) matrix at w_ptr (masked by ok)."""
+    acc = tl.zeros((N,), dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        offs = d0 + tl.arange(0, BLOCK_D)
+        hv = tl.load(h_ptr + offs).to(tl.float32)
+        w = tl.load(w_ptr + rows[:, None] * D + offs[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        acc += tl.sum(w * hv[None, :], axis=1)
+    return acc
+
+
+@triton.jit
 def _centroid_blocks(h_ptr, c_ptr, keys_ptr, C, D: tl.constexpr, R: tl.constexpr, BLOCK_D: tl.constexpr):
     """Program g scores centroids g*R.. g*R+R-1 against h and stores their keys sorted, best first."""
     g = tl.program_id(0)
     rows = g * R + tl.arange(0, R)
     ok = rows < C
-    acc = tl.zeros((R,), dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        offs = d0 + tl.arange(0, BLOCK_D)
-        hv = tl.load(h_ptr + offs).to(tl.float32)
-        w = tl.load(c_ptr + rows[:, None] * D + offs[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-        acc += tl.sum(w * hv[None, :], axis=1)
-    acc = tl.where(ok, acc, float("-inf"))
+    acc = tl.where(ok, _dot_rows(h_ptr, c_ptr, rows, ok, R, D, BLOCK_D), float("-inf"))
     tl.store(keys_ptr + g * R + tl.arange(0, R), tl.sort(_key(acc, rows), descending=True))
 
 
@@ -50,12 +56,7 @@ def _score_probed(h_ptr, w_ptr, c2t_ptr, probe_keys_ptr, out_ptr, n_probes, spec
     key = tl.load(probe_keys_ptr + i)
     cluster = tl.where(i < n_probes, (key & 0xFFFFFFFF).to(tl.int64), special_row)
     toks = tl.load(c2t_ptr + cluster * B + tl.arange(0, B))
-    acc = tl.zeros((B,), dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        offs = d0 + tl.arange(0, BLOCK_D)
-        hv = tl.load(h_ptr + offs).to(tl.float32)
-        w = tl.load(w_ptr + toks[:, None] * D + offs[None, :]).to(tl.float32)
-        acc += tl.sum(w * hv[None, :], axis=1)
+    acc = _dot_rows(h_ptr, w_ptr, toks, toks >= 0, B, D, BLOCK_D)
     tl.store(out_ptr + i, tl.max(_key(acc, toks), axis=0))
 
 

@@ -159,7 +159,7 @@ class Appender:
 
 def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_new: int, k: int,
                          schedule: str) -> Result:
-    """Greedy speculative decoding (ordinary or deferred); output equals target greedy decoding.
+    """Greedy speculative decoding (one of SCHEDULES); output equals target greedy decoding.
 
     Emitted tokens live in a device buffer, so model inputs are sliced on the device; the host
     reads tokens once per round (the accepted length), never inside the proposal loop.
@@ -219,8 +219,7 @@ def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_ne
         buf[n:n + a] = props[:a]
         buf[n + a:n + a + 1] = new
         seq += got[:a] + [final]
-        if pending is None or a > 0:                                                # drop rejected positions
-            t_pos = n + a
+        t_pos = n + a                                                               # drop rejected positions
         d_pos = min(d_pos, n + a)
         res.rounds += 1
         res.proposed += kk

@@ -50,7 +50,9 @@ def prompt_set(profile: Profile) -> list[prompt_lib.Prompt]:
     return prompt_lib.select(prompt_lib.load_questions(path), p.per_group, limit=p.limit)
 
 
-def encoded_prompts(profile: Profile, tokenizer) -> list[tuple[prompt_lib.Prompt, list[int]]]:
+def encoded_prompts(profile: Profile, tokenizer=None) -> list[tuple[prompt_lib.Prompt, list[int]]]:
+    """The profile's prompts with their token ids (the draft's tokenizer unless one is given)."""
+    tokenizer = tokenizer or models.load_tokenizer(profile)
     ps = prompt_set(profile)
     return list(zip(ps, prompt_lib.encode(ps, tokenizer, profile.decode.max_prompt_tokens)))
 
@@ -150,7 +152,7 @@ def load_drafts(profile: Profile, which=DRAFTS) -> dict[str, Draft]:
     if {"flash", "dense_shared"} & set(which):
         ensure_flash_checkpoint(profile)
         m, fh = models.load_flash_draft(profile)
-        runner = draft_runner(m, profile)
+        runner = make_runner(m, profile, "draft")
         for name, head in (("flash", fh), ("dense_shared", DenseHead(m.get_output_embeddings().weight))):
             if name in which:
                 out[name] = Draft(runner, graphed(head, m, graphs))
@@ -163,17 +165,14 @@ def graphed(head, model, graphs: bool) -> models.GraphedHead:
 
 
 def make_draft(model, head, profile: Profile, graphs: bool) -> Draft:
-    return Draft(draft_runner(model, profile), graphed(head, model, graphs))
+    return Draft(make_runner(model, profile, "draft"), graphed(head, model, graphs))
 
 
-def draft_runner(model, profile: Profile) -> models.Runner:
-    cuda = torch.device(profile.draft_device).type == "cuda"
-    return models.Runner(model, max_len(profile), profile.bench.cuda_graphs, compile=cuda and profile.bench.compile_draft)
-
-
-def target_runner(model, profile: Profile) -> models.Runner:
-    cuda = torch.device(profile.target_device).type == "cuda"
-    return models.Runner(model, max_len(profile), profile.bench.cuda_graphs, compile=cuda and profile.bench.compile_target)
+def make_runner(model, profile: Profile, role: str) -> models.Runner:
+    """The static-cache runner of the `role` ("draft" or "target") model, compiled where the profile says."""
+    cuda = torch.device(getattr(profile, f"{role}_device")).type == "cuda"
+    compile = cuda and getattr(profile.bench, f"compile_{role}")
+    return models.Runner(model, max_len(profile), profile.bench.cuda_graphs, compile=compile)
 
 
 # ---------------------------------------------------------------- notebook 02: microbenchmarks
@@ -185,8 +184,7 @@ def head_and_step_bench(profile: Profile) -> dict:
     drafts = load_drafts(profile, ("dense", "flash"))
     dense, flash = drafts["dense"], drafts["flash"]
     dev = dense.runner.device
-    tok = models.load_tokenizer(profile)
-    prompt = encoded_prompts(profile, tok)[0][1]
+    prompt = encoded_prompts(profile)[0][1]
     for d in (dense, flash):
         d.runner.forward(torch.tensor([prompt], device=dev), 0, graph=False)
     pos = len(prompt)
@@ -218,10 +216,9 @@ def target_step_bench(profile: Profile, target=None) -> dict:
     """Target latency: one single-token step, and verify calls of each block length (graph replays)."""
     b = profile.bench
     target = target or models.load_target(profile)
-    runner = target_runner(target, profile)
+    runner = make_runner(target, profile, "target")
     dev = runner.device
-    tok = models.load_tokenizer(profile)
-    prompt = encoded_prompts(profile, tok)[0][1]
+    prompt = encoded_prompts(profile)[0][1]
     runner.forward(torch.tensor([prompt], device=dev), 0, graph=False)
     pos = len(prompt)
     ids = {n: torch.tensor([prompt[-n:]], device=dev) for n in b.verify_lengths}
@@ -288,14 +285,13 @@ def run_e2e(profile: Profile, run_dir: Path | None = None, shard: tuple[int, int
 
     run_dir=None starts a new run directory; an existing unfinished one is resumed (finished samples
     are skipped). shard=(i, n) runs every n-th prompt starting at i (for Slurm arrays)."""
-    tok = models.load_tokenizer(profile)
-    enc = encoded_prompts(profile, tok)
+    enc = encoded_prompts(profile)
     run_dir = run_dir or start_run(profile, enc)
     keys = pending_keys(profile, run_dir, enc, shard)
     if not keys:
         return run_dir
     target_model = target_model or models.load_target(profile)
-    target = Target(target_runner(target_model, profile))
+    target = Target(make_runner(target_model, profile, "target"))
     drafts = load_drafts(profile, [m for m, _ in mode_list(profile) if m != "baseline"])
     for draft, schedule in mode_list(profile):                                    # warm-up, not recorded
         for _ in range(profile.bench.e2e_warmup):
@@ -345,8 +341,7 @@ def run_e2e_launch(profile: Profile, launcher: str = "local", target_model=None,
     if launcher not in ("slurm", "submitit-local"):
         raise ValueError(f"unknown launcher {launcher!r}: use local, slurm or submitit-local")
     import submitit
-    tok = models.load_tokenizer(profile)
-    enc = encoded_prompts(profile, tok)
+    enc = encoded_prompts(profile)
     run_dir = run_dir or start_run(profile, enc)
     c = profile.cluster
     n = min(c.shards, len(enc))
