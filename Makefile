@@ -1,12 +1,25 @@
-# make reproduce [PROFILE=smoke|h100|thesis]   run the four notebooks into outputs/$(PROFILE)/
-# make test                                   unit tests + nbval on the committed notebooks
-# make lab                                    JupyterLab on the same environment
+# Profiles (params/<name>.yaml; params/thesis_tables.yaml holds the thesis's numbers, not a profile):
+#   smoke    tiny synthetic pair, fp32 on a CPU (the default; CI and nbval)
+#   h100     shape-faithful synthetic pair, bf16 on one 80 GB GPU (every timing in the study)
+#   h200x2   the h100 pair on two GPUs, adding the pipelined schedule
+#   thesis   the real checkpoints and Spec-Bench prompts (make data first)
+# Targets:
+#   make env        build .venv from environment.yml (every other target does this first)
+#   make reproduce  run the notebooks into outputs/PROFILE/ (notebooks/run.py), skipping up-to-date ones
+#   make test       unit tests + nbval on the committed notebooks; writes only to a scratch STUDY_OUTPUTS
+#   make notebooks  re-execute the committed notebooks on smoke in place (nbval references), tidy them
+#   make data       fetch Spec-Bench's question file (thesis profile)
+#   make lab        JupyterLab on the same environment; prints its URL with the token
+# Variables: PROFILE=smoke (a profile above), FRESH=1 (rerun every notebook, new e2e run), LAUNCHER=local|slurm
 PROFILE ?= smoke
 LAUNCHER ?= local
+FRESH ?=
 VENV := .venv
 PY := $(VENV)/bin/python
 NOTEBOOKS := $(sort $(wildcard notebooks/0*.ipynb))
-OUT := outputs/$(PROFILE)
+NBVAL := --nbval --nbval-sanitize-with notebooks/sanitize.cfg --nbval-current-env
+# No progress bars in executed notebooks (stderr outputs, widget state).
+QUIET := TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
 
 .PHONY: env reproduce test lab notebooks data
 SPEC_BENCH := data/spec_bench/question.jsonl
@@ -27,21 +40,23 @@ $(VENV)/.done: environment.yml
 	touch $@
 
 reproduce: env
-	@mkdir -p $(OUT)
-	@for nb in $(NOTEBOOKS); do \
-	  echo "== $$nb ($(PROFILE))"; \
-	  $(PY) -m papermill $$nb $(OUT)/$$(basename $$nb) -k python3 --cwd notebooks \
-	    -p profile $(PROFILE) -p launcher $(LAUNCHER) || exit 1; \
-	done
-	@echo "results in $(OUT)/"
+	@$(PY) notebooks/run.py $(PROFILE) --launcher $(LAUNCHER) $(if $(filter-out 0,$(FRESH)),--fresh)
 
+# Everything the tests write goes to a scratch STUDY_OUTPUTS, removed afterwards: the checkout stays as it was.
 test: env
-	$(PY) -m pytest -q tests
-	$(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-sanitize-with notebooks/sanitize.cfg --nbval-current-env $(NOTEBOOKS)
+	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
+	STUDY_OUTPUTS=$$scratch $(QUIET) $(PY) -m pytest -q -p no:cacheprovider tests && \
+	STUDY_OUTPUTS=$$scratch $(QUIET) $(PY) -m pytest -q -p no:cacheprovider $(NBVAL) $(NOTEBOOKS)
 
-# Re-execute the committed notebooks on smoke (what nbval checks), then tidy them.
+# Re-execute the committed notebooks in place on smoke (what nbval checks; results to a scratch
+# STUDY_OUTPUTS, outputs/smoke/ is left alone), then tidy them.
 notebooks: env
-	@for nb in $(NOTEBOOKS); do $(PY) -m papermill $$nb $$nb -k python3 --cwd notebooks -p profile smoke || exit 1; done
+	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
+	for nb in $(NOTEBOOKS); do \
+	  echo "== $$nb"; \
+	  STUDY_OUTPUTS=$$scratch $(QUIET) $(PY) -m papermill $$nb $$nb -k python3 --cwd notebooks -p profile smoke \
+	    --no-progress-bar --log-level WARNING || exit 1; \
+	done
 	$(PY) notebooks/tidy.py $(NOTEBOOKS)
 
 # Spec-Bench's question file for the thesis profile (480 questions); offline, says where to put it.
@@ -52,5 +67,7 @@ $(SPEC_BENCH):
 	  { rm -f $@.part; echo "could not download Spec-Bench's question file (offline?)."; \
 	    echo "Copy question.jsonl from https://github.com/hemingkx/Spec-Bench (data/spec_bench/question.jsonl) to $(CURDIR)/$@"; exit 1; }
 
+# Prints the URL with its token; --allow-root only when run as root (containers).
 lab: env
-	$(VENV)/bin/jupyter lab notebooks
+	$(VENV)/bin/jupyter lab notebooks --ip=127.0.0.1 --ServerApp.open_browser=False \
+	  $(if $(filter 0,$(shell id -u)),--allow-root)

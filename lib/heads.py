@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import torch
 
+from .bench import NO_CLOCK
 from .clustering import cluster_to_token
+from .runner import capture
 
 
 class DenseHead:
@@ -38,6 +40,8 @@ class FlashHead:
         """Probe count and what depends on it. Two-stage top-p: split the c scores into R rows, top-p
         per row, then top-p of the R*p survivors (exact, and faster than one top-p over c on a GPU)."""
         c = self.centroids.shape[0]
+        if not 1 <= n_probes <= c:
+            raise ValueError(f"FlashHead: n_probes must be in 1..{c} (the number of clusters), got {n_probes}")
         self.n_probes = n_probes
         self.rows = max([r for r in range(1, 9) if c % r == 0 and c // r >= n_probes], default=1)
         self.fused = fused_kernel(self) if self.kernel == "triton" and self.weight.is_cuda else None
@@ -103,3 +107,24 @@ def fused_kernel(head: FlashHead):
     except Exception:                                                           # noqa: BLE001 - fall back to torch
         return None
     return fn if agree else None
+
+
+class GraphedHead:
+    """A greedy head for one hidden state (1,d) -> token (1,): captured in a CUDA graph on CUDA (graphs=True),
+    called directly otherwise. Each call is recorded on `clock` as the span call_draft_head."""
+
+    def __init__(self, head, graphs: bool = False, clock=NO_CLOCK):
+        self.head, self.clock, self.graph = head, clock, None
+        W = head.weight
+        if graphs and W.is_cuda:
+            self.h = torch.zeros(1, W.shape[1], device=W.device, dtype=W.dtype)
+            self.graph, self.out = capture(lambda: head(self.h))
+
+    @torch.no_grad()
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        with self.clock.span("call_draft_head", self.head.weight.device):
+            if self.graph is None:
+                return self.head(h)
+            self.h.copy_(h)
+            self.graph.replay()
+            return self.out

@@ -1,75 +1,210 @@
-"""Triton kernels for FlashHead greedy decoding of one hidden state (GPU only; imported lazily).
+"""Triton kernels for greedy decoding of one hidden state (GPU, or CPU under TRITON_INTERPRET=1).
 
-Three launches instead of a dozen small ops: (1) G programs each score R centroids and sort their
-keys, (2) one program merges the G block-winners into the top-p clusters, (3) p+1 programs score the
-b tokens of each probed cluster (and the special tokens) and keep their best; a max picks the token.
-Scores and indices travel as one order-preserving int64 key, so sorting keys sorts scores.
+FlashHead in two launches: (1) G programs score the c centroids, each adding its scores to a histogram
+of their top 12 bits; the last program to finish finds the exact top-p clusters from that histogram and
+a radix select; (2) p+1 programs score the b tokens of one probed cluster each (the last: the special
+tokens); the last program to finish writes the token. The dense head is one launch of the same pattern.
+
+Tie rule (both heads): scores and logits are fp32 dot products of the bf16/fp32 inputs, accumulated in
+fp32 (-0.0 counts as +0.0; NaN is not handled). Probes are the p clusters with the largest scores, ties
+to the smaller cluster id; the token is the candidate with the largest logit, ties to the smaller token
+id (torch.argmax over the vocabulary). Where fp32 sums are exact (e.g. small integers) this is exact; on
+real data two summation orders can differ in the last bit, so only near-ties (gap ~1e-7 relative) can
+disagree with a torch reference. A (value, index) pair travels as one int64 key whose order is that rule.
+
+The kernels keep counters and a histogram between calls and leave them as they found them, so calls
+are CUDA-graph capturable; call each head once before capturing (that allocates the scratch).
+One stream at a time per device.
 """
 import torch, triton, triton.language as tl
 
+_MIN64 = tl.constexpr(-2 ** 63)
+_SHIFT = tl.constexpr(20)       # the centroid histogram bins scores by their top 12 bits (sign, exponent,
+_NBINS = tl.constexpr(4096)     # 3 mantissa bits): a bin spans 1/8 of an octave
+
 
 @triton.jit
-def _key(v, idx):
-    """Order-preserving int64 key of (float32 value, int32 index): sorting keys sorts values."""
-    b = v.to(tl.int32, bitcast=True)
-    b = tl.where(b < 0, b ^ 0x7FFFFFFF, b)
-    return (b.to(tl.int64) << 32) | idx.to(tl.int64)
+def _ordered(v):
+    """int32 whose signed order is the order of the float32 values v (-0.0 mapped to +0.0)."""
+    b = tl.where(v == 0, 0.0, v).to(tl.int32, bitcast=True)
+    return b ^ ((b >> 31) & 0x7FFFFFFF)                       # negative floats: flip magnitude bits
+
+
+@triton.jit
+def _key(v, idx, ok):
+    """int64 keys of (value, index): larger value first, then smaller index; MIN where not ok."""
+    k = (_ordered(v).to(tl.int64) << 32) | (0x7FFFFFFF - idx).to(tl.int64)
+    return tl.where(ok, k, _MIN64)
 
 
 @triton.jit
 def _dot_rows(h_ptr, w_ptr, rows, ok, N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
     """fp32 dot products (N,) of h with rows `rows` of the (., D) matrix at w_ptr (masked by ok)."""
     acc = tl.zeros((N,), dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
+    base = w_ptr + rows.to(tl.int64)[:, None] * D
+    for d0 in tl.range(0, D, BLOCK_D):
         offs = d0 + tl.arange(0, BLOCK_D)
-        hv = tl.load(h_ptr + offs).to(tl.float32)
-        w = tl.load(w_ptr + rows[:, None] * D + offs[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        hv = tl.load(h_ptr + offs, mask=offs < D, other=0.0).to(tl.float32)
+        w = tl.load(base + offs[None, :], mask=ok[:, None] & (offs < D)[None, :], other=0.0).to(tl.float32)
         acc += tl.sum(w * hv[None, :], axis=1)
     return acc
 
 
 @triton.jit
-def _centroid_blocks(h_ptr, c_ptr, keys_ptr, C, D: tl.constexpr, R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Program g scores centroids g*R.. g*R+R-1 against h and stores their keys sorted, best first."""
-    g = tl.program_id(0)
-    rows = g * R + tl.arange(0, R)
+def _finish(key, best_ptr, count_ptr, out_ptr):
+    """Fold this program's best key into *best_ptr; the last program to arrive writes the token and
+    resets best and the counter for the next call."""
+    tl.atomic_max(best_ptr, tl.max(key, axis=0))
+    tl.debug_barrier()                                        # the max lands before we count ourselves done
+    if tl.atomic_add(count_ptr, 1) == tl.num_programs(0) - 1:  # acq_rel: sees every other program's max
+        best = tl.atomic_xchg(best_ptr, _MIN64)
+        tl.store(count_ptr, 0)
+        tl.store(out_ptr, 0x7FFFFFFF - (best & 0x7FFFFFFF))
+
+
+@triton.jit
+def _radix_pass(cand_ptr, m, need, thr, above, KNOWN: tl.constexpr, LO: tl.constexpr, T: tl.constexpr):
+    """One pass of a radix select over the m candidate keys (u << 32 | id, int64) at cand_ptr: key bits
+    KNOWN.. of the need-th largest are thr's, and `above` keys are larger than that prefix; fix bits LO.."""
+    hist = tl.zeros((256,), dtype=tl.int32)
+    for t in tl.range(0, m, T):
+        j = t + tl.arange(0, T)
+        u = (tl.load(cand_ptr + j, mask=j < m, other=0, cache_modifier=".cg") >> 32).to(tl.uint32)
+        match = (j < m) & ((u >> KNOWN) == (thr >> KNOWN))
+        hist += tl.histogram(tl.where(match, (u >> LO) & 255, 0).to(tl.int32), 256)   # bin 0: also the rest
+    bins = tl.arange(0, 256)
+    ge = above + tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys >= each digit (exact for bins >= 1)
+    digit = tl.sum(((ge >= need) & (bins >= 1)).to(tl.int32), 0)
+    return thr | (digit.to(tl.uint32) << LO), above + tl.sum(tl.where(bins > digit, hist, 0), 0)
+
+
+@triton.jit
+def _select(cand_ptr, m, need, thr, out_ptr, T: tl.constexpr):
+    """Store at out_ptr[0:need] the ids of the `need` largest of m candidate keys (u << 32 | id, ids
+    ascending) that share thr's top 12 bits; equal keys: the smaller ids."""
+    thr, above = _radix_pass(cand_ptr, m, need, thr, 0, 20, 12, T)
+    thr, above = _radix_pass(cand_ptr, m, need, thr, above, 12, 4, T)
+    thr, above = _radix_pass(cand_ptr, m, need, thr, above, 4, 0, T)   # thr: the need-th largest key
+    n_gt = above * 0
+    n_eq = above * 0
+    for t in tl.range(0, m, T):
+        j = t + tl.arange(0, T)
+        k = tl.load(cand_ptr + j, mask=j < m, other=0, cache_modifier=".cg")
+        u = (k >> 32).to(tl.uint32)
+        gt = (j < m) & (u > thr)
+        eq = (j < m) & (u == thr)
+        cs = tl.cumsum(gt.to(tl.int32) * 65536 + eq.to(tl.int32), 0)  # two running counts in one scan
+        r_eq = n_eq + (cs & 65535) - 1
+        pos = tl.where(gt, n_gt + (cs >> 16) - 1, above + r_eq)       # larger keys first, then equal ones
+        tl.store(out_ptr + pos, k.to(tl.int32), mask=gt | (eq & (r_eq < need - above)))
+        n_gt += tl.sum(gt.to(tl.int32), 0)
+        n_eq += tl.sum(eq.to(tl.int32), 0)
+
+
+@triton.jit
+def _flash_probes(h_ptr, c_ptr, keys_ptr, hist_ptr, cand_ptr, probes_ptr, count_ptr, C, P,
+                  D: tl.constexpr, R: tl.constexpr, BLOCK_D: tl.constexpr, TF: tl.constexpr, T: tl.constexpr,
+                  PDL: tl.constexpr):
+    """Program g scores centroids g*R..g*R+R-1; the last one to finish stores the top-P cluster ids
+    (any order) at probes_ptr[0:P]. Keys: uint32 whose order is the scores' order."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()                 # the token kernel may start (and wait)
+    rows = tl.program_id(0) * R + tl.arange(0, R)
     ok = rows < C
-    acc = tl.where(ok, _dot_rows(h_ptr, c_ptr, rows, ok, R, D, BLOCK_D), float("-inf"))
-    tl.store(keys_ptr + g * R + tl.arange(0, R), tl.sort(_key(acc, rows), descending=True))
+    u = (_ordered(_dot_rows(h_ptr, c_ptr, rows, ok, R, D, BLOCK_D)) ^ -2147483648).to(tl.uint32, bitcast=True)
+    tl.store(keys_ptr + rows, u.to(tl.int32, bitcast=True), mask=ok)
+    tl.atomic_add(hist_ptr + (u >> _SHIFT).to(tl.int32), 1, mask=ok, sem="relaxed")
+    tl.debug_barrier()                                        # all stores and adds land before the count
+    if tl.atomic_add(count_ptr, 1) == tl.num_programs(0) - 1:
+        tl.store(count_ptr, 0)
+        bins = tl.arange(0, _NBINS)
+        hist = tl.load(hist_ptr + bins, cache_modifier=".cg")
+        tl.store(hist_ptr + bins, tl.zeros_like(hist))        # clean for the next call
+        ge = C - tl.cumsum(hist, 0) + hist
+        top = tl.sum((ge >= P).to(tl.int32), 0) - 1           # the bin holding the P-th largest score
+        above = tl.sum(tl.where(bins > top, hist, 0), 0)      # clusters surely in (< P)
+        n_up = above * 0
+        n_top = above * 0
+        for t in tl.range(0, C, TF):                          # compact: ids above, candidates of bin top
+            i = t + tl.arange(0, TF)
+            uk = tl.load(keys_ptr + i, mask=i < C, other=0, cache_modifier=".cg")
+            b = tl.where(i < C, (uk.to(tl.uint32, bitcast=True) >> _SHIFT).to(tl.int32), -1)
+            cs = tl.cumsum((b > top).to(tl.int32) * 65536 + (b == top).to(tl.int32), 0)
+            tl.store(probes_ptr + n_up + (cs >> 16) - 1, i, mask=b > top)
+            tl.store(cand_ptr + n_top + (cs & 65535) - 1, (uk.to(tl.int64) << 32) | i, mask=b == top)
+            n_up += tl.sum((b > top).to(tl.int32), 0)
+            n_top += tl.sum((b == top).to(tl.int32), 0)
+        tl.debug_barrier()                                    # candidates written before they are read
+        _select(cand_ptr, n_top, P - above, top.to(tl.uint32) << _SHIFT, probes_ptr + above, T)
 
 
 @triton.jit
-def _merge_blocks(keys_ptr, out_ptr, G, R: tl.constexpr, P: tl.constexpr, GP: tl.constexpr):
-    """Top-P of the G blocks' top-P keys (one program), stored sorted, best first."""
-    g = tl.arange(0, GP)
-    j = tl.arange(0, P)
-    k = tl.load(keys_ptr + g[:, None] * R + j[None, :], mask=(g < G)[:, None], other=-9223372036854775807 - 1)
-    tl.store(out_ptr + tl.arange(0, GP * P), tl.sort(tl.reshape(k, (GP * P,)), descending=True))
-
-
-@triton.jit
-def _score_probed(h_ptr, w_ptr, c2t_ptr, probe_keys_ptr, out_ptr, n_probes, special_row, D: tl.constexpr,
-                  B: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Program i < n_probes scores the b tokens of the i-th probed cluster; program n_probes scores the
-    special tokens (row `special_row` of c2t). Each stores the key of its best (logit, token)."""
+def _flash_tokens(h_ptr, w_ptr, c2t_ptr, probes_ptr, best_ptr, count_ptr, out_ptr, C, P,
+                  D: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    """Program i < P scores the tokens of the i-th probed cluster, program P the special tokens (row C
+    of c2t, -1 = none); the last program to finish writes the best token."""
     i = tl.program_id(0)
-    key = tl.load(probe_keys_ptr + i)
-    cluster = tl.where(i < n_probes, (key & 0xFFFFFFFF).to(tl.int64), special_row)
-    toks = tl.load(c2t_ptr + cluster * B + tl.arange(0, B))
-    acc = _dot_rows(h_ptr, w_ptr, toks, toks >= 0, B, D, BLOCK_D)
-    tl.store(out_ptr + i, tl.max(_key(acc, toks), axis=0))
+    if PDL:
+        tl.extra.cuda.gdc_wait()                              # launched early: wait for the probes
+    cluster = tl.load(probes_ptr + i, mask=i < P, other=C).to(tl.int64)
+    j = tl.arange(0, BP)
+    toks = tl.load(c2t_ptr + cluster * B + j, mask=j < B, other=-1).to(tl.int32)
+    ok = toks >= 0
+    _finish(_key(_dot_rows(h_ptr, w_ptr, toks, ok, BP, D, BLOCK_D), toks, ok), best_ptr, count_ptr, out_ptr)
 
 
-def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, R=64, BLOCK_D=128):
-    """h (1,d) -> token (1,): FlashHead greedy in three Triton kernels and a max."""
+@triton.jit
+def _dense_argmax(h_ptr, w_ptr, best_ptr, count_ptr, out_ptr, V, D: tl.constexpr, R: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """Program g scores rows g*R..g*R+R-1 of W; the last program to finish writes the argmax."""
+    rows = tl.program_id(0) * R + tl.arange(0, R)
+    ok = rows < V
+    _finish(_key(_dot_rows(h_ptr, w_ptr, rows, ok, R, D, BLOCK_D), rows, ok), best_ptr, count_ptr, out_ptr)
+
+
+_SCRATCH = {}
+
+
+def _scratch(device, C):
+    """Per-device state the kernels restore after each call, and per-size scratch; never reallocated
+    (a captured graph keeps the addresses)."""
+    key = (str(device), C)
+    if key not in _SCRATCH:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("call flash_greedy_triton / dense_greedy_triton once before graph capture")
+        z = lambda n, dt=torch.int32: torch.zeros(n, dtype=dt, device=device)
+        _SCRATCH[key] = dict(count=z(2), best=torch.full((1,), -2 ** 63, dtype=torch.int64, device=device),
+                             hist=z(_NBINS.value), keys=z(max(C, 1)), probes=z(max(C, 1)),
+                             cand=z(max(C, 1), torch.int64))
+    return _SCRATCH[key]
+
+
+def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, R=16, BLOCK_D=1024, BLOCK_D2=512, warps=8,
+                        warps2=4, TF=8192, T=1024, pdl=False):
+    """h (1,d) -> token (1,) int64 on the device: FlashHead greedy in two Triton launches.
+
+    W (V,d), cents (c,d) and h contiguous, same dtype; c2t_ext (c+1,b) int64: row k the tokens of
+    cluster k, row c the special tokens (-1 pads); any 1 <= n_probes <= c."""
     C, D = cents.shape
     B = c2t_ext.shape[1]
-    G = triton.cdiv(C, R)
-    GP = triton.next_power_of_2(G)
-    keys = torch.empty(G * R, dtype=torch.int64, device=h.device)
-    merged = torch.empty(GP * n_probes, dtype=torch.int64, device=h.device)
-    best = torch.empty(n_probes + 1, dtype=torch.int64, device=h.device)
-    _centroid_blocks[(G,)](h, cents, keys, C, D, R, BLOCK_D)
-    _merge_blocks[(1,)](keys, merged, G, R, n_probes, GP)
-    _score_probed[(n_probes + 1,)](h, W, c2t_ext, merged, best, n_probes, C, D, B, BLOCK_D)
-    return (best.max() & 0xFFFFFFFF).view(1)
+    assert 1 <= n_probes <= C and c2t_ext.shape[0] == C + 1 and TF < 65536 and T < 65536
+    s = _scratch(h.device, C)
+    out = torch.empty(1, dtype=torch.int64, device=h.device)
+    bd = min(BLOCK_D, triton.next_power_of_2(D))
+    _flash_probes[(triton.cdiv(C, R),)](h, cents, s["keys"], s["hist"], s["cand"], s["probes"], s["count"],
+                                        C, n_probes, D, R, bd, min(TF, triton.next_power_of_2(C)),
+                                        min(T, triton.next_power_of_2(C)), pdl, num_warps=warps)
+    _flash_tokens[(n_probes + 1,)](h, W, c2t_ext, s["probes"], s["best"], s["count"][1:], out, C, n_probes,
+                                   D, B, triton.next_power_of_2(B), min(BLOCK_D2, bd), pdl, num_warps=warps2,
+                                   **(dict(launch_pdl=True) if pdl else {}))
+    return out
+
+
+def dense_greedy_triton(h, W, R=16, BLOCK_D=1024, warps=8):
+    """h (1,d) -> argmax_v h.W[v] as (1,) int64 on the device, ties to the smallest v: one launch."""
+    V, D = W.shape
+    s = _scratch(h.device, 0)
+    out = torch.empty(1, dtype=torch.int64, device=h.device)
+    _dense_argmax[(triton.cdiv(V, R),)](h, W, s["best"], s["count"], out, V, D, R,
+                                        min(BLOCK_D, triton.next_power_of_2(D)), num_warps=warps)
+    return out

@@ -9,14 +9,27 @@ from pathlib import Path
 
 GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-BUILTIN = Path(__file__).resolve().parent.parent / "params" / "prompts_builtin.jsonl"
-
-_SPEC_BENCH_PATH = Path(__file__).resolve().parents[2] / "shared" / "spec_bench" / "question.jsonl"
-_SPEC_BENCH_HELP = (
-    "Spec-Bench's question.jsonl comes from https://github.com/hemingkx/Spec-Bench "
-    f"(file data/spec_bench/question.jsonl); download it to {_SPEC_BENCH_PATH}, "
-    f"or use the built-in set {BUILTIN}"
+ROOT = Path(__file__).resolve().parent.parent
+BUILTIN = ROOT / "params" / "prompts_builtin.jsonl"
+SPEC_BENCH = ROOT / "data" / "spec_bench" / "question.jsonl"          # the one place the study reads it from
+SPEC_BENCH_HELP = (
+    f"Spec-Bench's question.jsonl goes to {SPEC_BENCH}: `make data` fetches it, or copy it there from "
+    "https://github.com/hemingkx/Spec-Bench (data/spec_bench/question.jsonl); prompts.file: builtin needs none"
 )
+
+
+def resolve_file(file: str) -> Path:
+    """A profile's prompts.file: 'spec_bench' (the one place above) or a path (relative to the repository)."""
+    return SPEC_BENCH if file == "spec_bench" else ROOT / Path(file).expanduser()
+
+
+def profile_prompt_file(file: str) -> tuple[Path, str]:
+    """(question file, what was used): 'builtin', 'spec_bench', 'auto' (Spec-Bench if present, else
+    built-in) or a path."""
+    if file == "builtin" or (file == "auto" and not SPEC_BENCH.is_file()):
+        return BUILTIN, "built-in prompt set" + (f" ({SPEC_BENCH} is absent)" if file == "auto" else "")
+    path = SPEC_BENCH if file == "auto" else resolve_file(file)
+    return path, f"questions from {path}"
 
 
 @dataclass(frozen=True)
@@ -51,7 +64,7 @@ def load_questions(path: str | Path) -> list[Prompt]:
     """Read a Spec-Bench-format question.jsonl, keeping the first turn of each question."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no question file at {path}. {_SPEC_BENCH_HELP}")
+        raise FileNotFoundError(f"no question file at {path}. {SPEC_BENCH_HELP}")
     prompts = []
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -80,13 +93,19 @@ def select(prompts: list[Prompt], per_group: int | None = None,
     return out if limit is None else out[:limit]
 
 
-def encode(prompts: list[Prompt], tokenizer, max_tokens: int) -> list[list[int]]:
-    """Token ids of each prompt (no special tokens), keeping the last max_tokens if longer."""
+def encode(prompts: list[Prompt], tokenizer, max_tokens: int, chat_template: bool = False) -> list[list[int]]:
+    """Token ids of each prompt (no special tokens), keeping the last max_tokens if longer. chat_template:
+    the prompt as a user turn of the tokenizer's chat template, up to the assistant's turn (its special
+    tokens come from the template text)."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     ids = []
     for p in prompts:
-        x = list(tokenizer(p.text, add_special_tokens=False)["input_ids"])
+        text = p.text
+        if chat_template:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=True)
+        x = list(tokenizer(text, add_special_tokens=False)["input_ids"])
         if not x:
             raise ValueError(f"question {p.question_id}: prompt encodes to no tokens")
         ids.append(x[-max_tokens:])

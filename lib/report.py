@@ -10,20 +10,17 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from . import modes
+from .modes import DEFERRED, ORDINARY
 from .config import PARAMS, Profile
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-MODES = ["baseline", "dense_ordinary", "dense_shared_ordinary", "flash_ordinary",
-         "dense_pipelined", "dense_shared_pipelined", "flash_pipelined",
-         "dense_deferred", "dense_shared_deferred", "flash_deferred"]
-LABELS = {"baseline": "Baseline", "dense_ordinary": "Dense draft", "dense_shared_ordinary": "Dense shared",
-          "flash_ordinary": "FlashHead draft", "dense_deferred": "Dense deferred",
-          "dense_shared_deferred": "Dense shared deferred", "flash_deferred": "FlashHead deferred",
-          "dense_pipelined": "Dense pipelined", "dense_shared_pipelined": "Dense shared pipelined",
-          "flash_pipelined": "FlashHead pipelined"}
+def thesis_modes(schedule: str) -> list[str]:
+    """The modes the thesis compares under a schedule: baseline, dense draft, FlashHead draft."""
+    return [modes.BASELINE, modes.name("dense", schedule), modes.name("flash", schedule)]
 
 
 def thesis_numbers() -> dict:
@@ -41,10 +38,12 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     """One row per mode. Decode tok/s = sum of decode tokens / sum of decode time (thesis 4.2);
     acceptance = accepted / proposed; mean emitted = (accepted + rounds) / rounds."""
     g = df.groupby("mode", sort=False)
+    parts = g[["draft", "schedule"]].first()
     s = g[["decode_tokens", "decode_ms", "accepted", "proposed", "rounds", "verify_calls", "append_calls", "skipped",
            "initial_ms", "draft_ms", "verify_ms", "finalize_ms", "call_draft_body_ms", "call_draft_head_ms",
            "call_target_ms", "model_call_ms"]].sum()
     out = pd.DataFrame({
+        "draft": parts.draft, "schedule": parts.schedule,
         "samples": g.size(),
         "decode_tok_s": 1000 * s.decode_tokens / s.decode_ms,
         "ttft_ms": g.ttft_ms.mean(),
@@ -60,22 +59,22 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     })
     for phase in ("initial", "draft", "verify", "finalize"):
         out[phase + "_share"] = out[phase + "_ms"] / out.decode_total_ms
-    return out.reindex([m for m in MODES if m in out.index])
+    return out.reindex([m for m in modes.LABELS if m in out.index])
 
 
 def identities(df: pd.DataFrame) -> pd.DataFrame:
     """Per-record checks of the metric definitions against the raw counters."""
-    spec = df[df["mode"] != "baseline"]
+    spec = df[df["mode"] != modes.BASELINE]
     lens = spec.accepted_lengths
     checks = {
         "accepted == sum of accepted lengths": (spec.accepted == lens.map(sum)).all(),
         "decode tokens == sum of (accepted + 1) per round": (spec.decode_tokens == lens.map(lambda a: sum(a) + len(a))).all(),
         "rounds == number of accepted lengths": (spec.rounds == lens.map(len)).all(),
         "accepted <= proposed": (spec.accepted <= spec.proposed).all(),
-        "ordinary/pipelined: append calls == rounds": (spec[spec.schedule != "deferred"].eval("append_calls == rounds")).all(),
-        "deferred: one append call (the first token)": (spec[spec.schedule == "deferred"].append_calls == 1).all(),
+        "ordinary/pipelined: append calls == rounds": (spec[spec.schedule != DEFERRED].eval("append_calls == rounds")).all(),
+        "deferred: one append call (the first token)": (spec[spec.schedule == DEFERRED].append_calls == 1).all(),
         "verify calls + skipped <= rounds": (spec.verify_calls + spec.skipped <= spec.rounds).all(),
-        "baseline: append calls == decode tokens": (df[df["mode"] == "baseline"].eval("append_calls == decode_tokens")).all(),
+        "baseline: append calls == decode tokens": (df[df["mode"] == modes.BASELINE].eval("append_calls == decode_tokens")).all(),
         "every output has max_new_tokens tokens": (df.tokens.map(len) == df.decode_tokens + 1).all(),
     }
     return pd.DataFrame({"identity": list(checks), "holds": [bool(v) for v in checks.values()]})
@@ -85,8 +84,8 @@ def thesis_consistency(k: int = 6, max_new: int = 64) -> pd.DataFrame:
     """Do the thesis's own numbers fit its definitions? Implied proposals per round, rounds, calls."""
     t = thesis_numbers()
     rows = []
-    for table, mode in (("table_4_7", "dense_ordinary"), ("table_4_7", "flash_ordinary"),
-                        ("table_4_9", "dense_deferred"), ("table_4_9", "flash_deferred")):
+    for table, mode in [("table_4_7", m) for m in thesis_modes(ORDINARY)[1:]] + \
+                       [("table_4_9", m) for m in thesis_modes(DEFERRED)[1:]]:
         r = t[table][mode]
         acc, em = r["acceptance"], r["mean_emitted"]
         row = {"table": table.replace("table_", "").replace("_", "."), "mode": mode, "acceptance": acc,
@@ -135,43 +134,43 @@ def e2e_tables(profile: Profile, agg: pd.DataFrame) -> dict[str, pd.DataFrame]:
     t, src = thesis_numbers(), profile.name
     tabs = {}
 
-    def e2e(cols: dict, table: str, modes: list[str]) -> pd.DataFrame:
+    def e2e(cols: dict, table: str, which: list[str]) -> pd.DataFrame:
         rows = []
-        for m in modes:
+        for m in which:
             if m not in agg.index:
                 continue
             ours = {c: agg.loc[m, k] for c, k in cols.items()}
             theirs = {c: t[table].get(m, {}).get(k) for c, k in cols.items()}
-            rows += _side(ours, theirs, LABELS[m], src)
+            rows += _side(ours, theirs, modes.LABELS[m], src)
         return pd.DataFrame(rows)
 
     tabs["4.5"] = e2e({"Decode Tok/s": "decode_tok_s", "TTFT (ms)": "ttft_ms", "Acceptance": "acceptance",
                        "Decode total (ms)": "decode_total_ms", "Draft propose (ms)": "draft_ms",
                        "Base verify (ms)": "verify_ms", "Finalize (ms)": "finalize_ms"},
-                      "table_4_5", ["baseline", "dense_ordinary", "flash_ordinary"])
+                      "table_4_5", thesis_modes(ORDINARY))
     tabs["4.7"] = e2e({"Decode Tok/s": "decode_tok_s", "Decode total (ms)": "decode_total_ms",
                        "Draft propose share": "draft_share", "Base verify share": "verify_share",
                        "Finalize share": "finalize_share", "Acceptance": "acceptance", "Mean emitted": "mean_emitted"},
-                      "table_4_7", ["dense_ordinary", "dense_shared_ordinary", "flash_ordinary"])
+                      "table_4_7", [modes.name(d, ORDINARY) for d in ("dense", "dense_shared", "flash")])
     tabs["4.9"] = e2e({"Samples": "samples", "Decode Tok/s": "decode_tok_s", "TTFT (ms)": "ttft_ms",
                        "Decode total (ms)": "decode_total_ms", "Acceptance": "acceptance", "Mean emitted": "mean_emitted",
                        "Base verify calls": "verify_calls", "Base append calls": "append_calls"},
-                      "table_4_9", ["baseline", "dense_deferred", "flash_deferred"])
-    tabs["4.6"] = speedups(agg, t["table_4_6"], src, ["baseline", "dense_ordinary", "flash_ordinary"])
-    tabs["4.10"] = speedups(agg, t["table_4_10"], src, ["baseline", "dense_deferred", "flash_deferred"])
+                      "table_4_9", thesis_modes(DEFERRED))
+    tabs["4.6"] = speedups(agg, t["table_4_6"], src, thesis_modes(ORDINARY))
+    tabs["4.10"] = speedups(agg, t["table_4_10"], src, thesis_modes(DEFERRED))
     tabs["4.8"] = diagnosis(agg, t["table_4_8"], src)
     tabs["4.11"] = draft_path(agg, t["table_4_11"], src)
     return {k: tabs[k] for k in sorted(tabs, key=lambda s: int(s.split(".")[1]))}
 
 
-def speedups(agg: pd.DataFrame, theirs: dict, src: str, modes: list[str]) -> pd.DataFrame:
-    base, dense, flash = modes
+def speedups(agg: pd.DataFrame, theirs: dict, src: str, which: list[str]) -> pd.DataFrame:
+    base, dense, flash = which
     rows = []
     for key, (a, b) in {"baseline_vs_dense": (base, dense), "baseline_vs_flash": (base, flash),
                         "dense_vs_flash": (dense, flash)}.items():
         if a in agg.index and b in agg.index:
             ta, tb = agg.loc[a, "decode_tok_s"], agg.loc[b, "decode_tok_s"]
-            label = f"{LABELS[a]} vs. {LABELS[b]}"
+            label = f"{modes.LABELS[a]} vs. {modes.LABELS[b]}"
             rows += [{"Comparison": label, "Source": src, "A (tok/s)": ta, "B (tok/s)": tb, "Speedup": tb / ta},
                      {"Comparison": label, "Source": "thesis", "A (tok/s)": theirs[key]["a"],
                       "B (tok/s)": theirs[key]["b"], "Speedup": theirs[key]["speedup"]}]
@@ -179,9 +178,10 @@ def speedups(agg: pd.DataFrame, theirs: dict, src: str, modes: list[str]) -> pd.
 
 
 def diagnosis(agg: pd.DataFrame, theirs: dict, src: str) -> pd.DataFrame:
-    if "flash_ordinary" not in agg.index:
+    flash = modes.name("flash", ORDINARY)
+    if flash not in agg.index:
         return pd.DataFrame()
-    f = agg.loc["flash_ordinary"]
+    f = agg.loc[flash]
     proposal = f.draft_ms
     ours = {"outside_proposal_share": 1 - f.draft_share, "head_share_of_decode": f.draft_head_ms / f.decode_total_ms,
             "body_share_of_proposal": f.draft_body_ms / proposal, "head_share_of_proposal": f.draft_head_ms / proposal,
@@ -196,7 +196,7 @@ def diagnosis(agg: pd.DataFrame, theirs: dict, src: str) -> pd.DataFrame:
 
 def draft_path(agg: pd.DataFrame, theirs: dict, src: str) -> pd.DataFrame:
     rows = []
-    for m in ("dense_deferred", "flash_deferred"):
+    for m in thesis_modes(DEFERRED)[1:]:
         if m not in agg.index:
             continue
         r = agg.loc[m]
@@ -206,15 +206,16 @@ def draft_path(agg: pd.DataFrame, theirs: dict, src: str) -> pd.DataFrame:
         th = theirs[m]
         rows += _side(ours, {"Draft path (ms)": th["draft_ms"], "Draft path share": th["draft_share"],
                              "Draft ms/decode tok": th["draft_ms_per_token"], "Draft path Tok/s": th["draft_tok_s"]},
-                      LABELS[m], src)
+                      modes.LABELS[m], src)
     return pd.DataFrame(rows)
 
 
-def save_tables(tabs: dict[str, pd.DataFrame], out_dir: Path) -> Path:
-    """All tables in one markdown file (and one CSV each) under outputs/<profile>/tables/."""
-    d = Path(out_dir) / "tables"
+def save_tables(tabs: dict[str, pd.DataFrame], profile: Profile, run: Path) -> Path:
+    """All tables in one markdown file (and one CSV each) under outputs/<profile>/tables/, naming the run."""
+    d = profile.out_dir / "tables"
     d.mkdir(parents=True, exist_ok=True)
-    md = []
+    src = run_source(profile, run)
+    md = [f"Profile `{profile.name}`; end-to-end tables from `{src['run']}` (commit {src['run_commit']}).\n"]
     for name, tab in tabs.items():
         tab.to_csv(d / f"table_{name.replace('.', '_')}.csv", index=False)
         md.append(f"## Table {name}\n\n{tab.to_markdown(index=False, floatfmt='.4g')}\n")
@@ -238,16 +239,16 @@ def figures(df: pd.DataFrame, agg: pd.DataFrame, micro: dict, out_dir: Path) -> 
         ax.set(title=title, xlabel="", ylabel="ms per call")
     paths["latency"] = _save(fig, d / "latency_distributions.png")
 
-    spec = agg[agg.index != "baseline"]
+    spec = agg[agg.index != modes.BASELINE]
     shares = spec[["initial_share", "draft_share", "verify_share", "finalize_share"]].rename(
-        index=LABELS, columns=lambda c: c.replace("_share", ""))
+        index=modes.LABELS, columns=lambda c: c.replace("_share", ""))
     fig, ax = plt.subplots(figsize=(8, 3.5))
     shares.plot.barh(stacked=True, ax=ax, colormap="viridis")
     ax.set(xlabel="share of decode wall time", title="Phase shares per round schedule")
     ax.legend(bbox_to_anchor=(1.01, 1), loc="upper left", fontsize=8)
     paths["phases"] = _save(fig, d / "phase_shares.png")
 
-    lens = df[df["mode"] != "baseline"][["mode", "accepted_lengths"]].explode("accepted_lengths")
+    lens = df[df["mode"] != modes.BASELINE][["mode", "accepted_lengths"]].explode("accepted_lengths")
     lens["accepted"] = lens.accepted_lengths.astype(int)
     fig, ax = plt.subplots(figsize=(8, 3.5))
     sns.histplot(lens, x="accepted", hue="mode", multiple="dodge", discrete=True, stat="probability",
@@ -257,7 +258,7 @@ def figures(df: pd.DataFrame, agg: pd.DataFrame, micro: dict, out_dir: Path) -> 
 
     fig, ax = plt.subplots(figsize=(8, 3.5))
     tps = df.assign(tok_s=1000 * df.decode_tokens / df.decode_ms)
-    sns.boxplot(tps, y="mode", x="tok_s", ax=ax, order=[m for m in MODES if m in agg.index], hue="mode", legend=False)
+    sns.boxplot(tps, y="mode", x="tok_s", ax=ax, order=list(agg.index), hue="mode", legend=False)
     ax.set(title="Per-sample decode throughput", xlabel="decode tok/s", ylabel="")
     paths["throughput"] = _save(fig, d / "decode_throughput.png")
     return paths
@@ -272,7 +273,16 @@ def _save(fig, path: Path) -> Path:
 
 # ---------------------------------------------------------------- summary.json
 
-def summary(profile: Profile, device: str, clus: dict, micro: dict, agg: pd.DataFrame, extra: dict | None = None) -> dict:
+def run_source(profile: Profile, run: Path) -> dict:
+    """Which run a summary or table comes from: its directory (relative to the profile's outputs) and
+    the commit it ran at, from its config.json."""
+    cfg = json.loads((Path(run) / "config.json").read_text())
+    return {"run": str(Path(run).relative_to(profile.out_dir)), "run_commit": cfg.get("commit", "unknown"),
+            "run_started": cfg.get("started")}
+
+
+def summary(profile: Profile, device: str, clus: dict, micro: dict, agg: pd.DataFrame, run: Path,
+            extra: dict | None = None) -> dict:
     keep = ("n_tokens", "n_clusters", "cluster_size", "equal_sizes", "seconds", "mean_cosine",
             "mean_cosine_unconstrained", "top1_containment", "n_probes")
     e2e = {}
@@ -281,7 +291,7 @@ def summary(profile: Profile, device: str, clus: dict, micro: dict, agg: pd.Data
                                           "append_calls", "exact_match_rate", "engine_overhead_frac", "samples",
                                           "ms_per_round", "draft_share", "verify_share", "finalize_share")}
     out = {
-        "profile": profile.name, "device": device,
+        "profile": profile.name, "device": device, **run_source(profile, run),
         "acceptance_note": "synthetic pair: acceptance is artificial" if profile.models.source == "synthetic" else "real models",
         "clustering": {k: clus[k] for k in keep if k in clus},
         "head": {"dense_ms": micro["head"]["dense"]["mean_ms"], "flash_ms": micro["head"]["flash"]["mean_ms"],
@@ -304,69 +314,3 @@ def write_summary(profile: Profile, data: dict) -> Path:
     path = profile.out_dir / "summary.json"
     path.write_text(json.dumps(data, indent=1))
     return path
-
-
-# ---------------------------------------------------------------- time model (thesis cost model)
-
-def expected_emitted(alpha: float, k: int) -> float:
-    """E[R], tokens emitted per round when each proposal is accepted independently with prob. alpha."""
-    return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
-def time_model(micro: dict, target_step: dict, draft: str = "flash") -> dict:
-    """Per-call costs (ms) measured in notebooks 02-03: T_p(n) target call with n tokens, T_q draft step."""
-    return {"T_p": {int(n): v for n, v in target_step["verify_ms"].items()},
-            "T_q": micro["model_step"]["dense" if draft.startswith("dense") else "flash"]["mean_ms"]}
-
-
-def tpot_ms(costs: dict, k: int, emitted: float, schedule: str) -> float:
-    """TPOT ~ (T_p(K) + K*T_q + T_o) / E[R]; T_o is the single-token append (ordinary) or nothing
-    (deferred, whose verify batch carries one more token: T_p(K+1))."""
-    tp, tq = costs["T_p"], costs["T_q"]
-    if schedule == "baseline":
-        return tp[1]
-    verify = tp[min(k + 1, max(tp))] if schedule == "deferred" else tp[k]
-    append = tp[1] if schedule == "ordinary" else 0.0
-    return (verify + k * tq + append) / emitted
-
-
-def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd.DataFrame:
-    """Measured decode tok/s beside the cost model fed with the measured mean emitted per round."""
-    rows = []
-    for mode, r in agg.iterrows():
-        schedule = "baseline" if mode == "baseline" else mode.rsplit("_", 1)[1]
-        em = 1.0 if mode == "baseline" else r.mean_emitted
-        tokens = r.decode_tok_s * r.decode_total_ms / 1000
-        initial = r.initial_ms / tokens                                  # I: draft prefill + first append, per token
-        pred = 1000 / (tpot_ms(time_model(micro, target_step, mode), k, em, schedule) + initial)
-        rows.append({"mode": mode, "measured tok/s": r.decode_tok_s, "model tok/s": pred,
-                     "model / measured": pred / r.decode_tok_s})
-    return pd.DataFrame(rows).set_index("mode")
-
-
-def projections(micro: dict, target_step: dict, k: int) -> pd.DataFrame:
-    """PROJECTED decode tok/s on this machine's measured per-call costs for the thesis's acceptance
-    statistics (tables 4.5, 4.7 and 4.9; acceptance a becomes 1 + a*K emitted per round). Leaves out
-    the per-sample initial step. Projections, not measurements."""
-    t = thesis_numbers()
-    stats = {"table 4.5 (acceptance 0.437/0.430)": {"dense": 1 + 0.437 * k, "flash": 1 + 0.430 * k},
-             "table 4.7 (mean emitted 2.930)": {"dense": 2.930, "flash": 2.930},
-             "table 4.9 (mean emitted 3.666/3.642)": {"dense": t["table_4_9"]["dense_deferred"]["mean_emitted"],
-                                                      "flash": t["table_4_9"]["flash_deferred"]["mean_emitted"]}}
-    rows = []
-    for src, em in stats.items():
-        row = {"thesis statistics": src, "baseline": 1000 / tpot_ms(time_model(micro, target_step), k, 1, "baseline")}
-        for draft in ("dense", "flash"):
-            for schedule in ("ordinary", "deferred"):
-                row[f"{draft}_{schedule}"] = 1000 / tpot_ms(time_model(micro, target_step, draft), k, em[draft], schedule)
-        rows.append(row)
-    return pd.DataFrame(rows).set_index("thesis statistics")
-
-
-def projection_grid(micro: dict, target_step: dict, alphas=(0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
-                    ks=(1, 2, 3, 4, 5, 6, 7)) -> pd.DataFrame:
-    """PROJECTED speedup of the FlashHead draft (deferred) over the baseline, over acceptance and K."""
-    base = tpot_ms(time_model(micro, target_step), 1, 1, "baseline")
-    costs = time_model(micro, target_step, "flash")
-    return pd.DataFrame({k: [base / tpot_ms(costs, k, expected_emitted(a, k), "deferred") for a in alphas] for k in ks},
-                        index=pd.Index(alphas, name="per-token acceptance")).rename_axis(columns="K")

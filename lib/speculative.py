@@ -3,7 +3,7 @@
 Each model keeps its own static KV cache and a count of the tokens in it. The target also keeps its
 pending greedy prediction (the argmax after the last token it has seen) when it is up to date.
 
-Schedules (thesis 3.3 and 3.6.2):
+Schedules (thesis 3.3 and 3.6; names and labels in lib/modes.py):
   ordinary  after each round a single-token target append feeds the round's final token, so the
             pending prediction is always known and a round whose first proposal disagrees with it
             skips the verify call.
@@ -13,7 +13,10 @@ Schedules (thesis 3.3 and 3.6.2):
   pipelined the ordinary schedule with the target append of the final token running on a worker
             thread (its own CUDA stream) while the draft catches up and proposes the next block
             (thesis 3.6.1): a round costs about max(append, draft) instead of their sum.
-All emit exactly the target's greedy continuation.
+All emit exactly the target's greedy continuation, stopping where it stops (a `stop` token, inclusive).
+
+Timing: the runners and the head wrapper record their own calls on the clock they share with the
+engine (lib/engines.py); the engine records only its phases (initial, draft, verify, finalize, decode).
 """
 from __future__ import annotations
 
@@ -23,8 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .bench import Clock, sync
-from .models import GraphedHead, Runner
+from .bench import sync
+from .heads import GraphedHead
+from .modes import DEFERRED, PIPELINED, SCHEDULES
+from .runner import Runner
 
 
 @dataclass
@@ -33,17 +38,16 @@ class Draft:
     runner: Runner
     head: GraphedHead
 
-    def propose(self, clock: Clock, catch_up: torch.Tensor, start: int, k: int) -> torch.Tensor:
-        """Feed catch_up (1,m) at `start`, then propose k tokens greedily; returns (k,) on the device.
+    def use_clock(self, clock) -> None:
+        """Record this draft's calls on `clock` (the target's: one clock per generation)."""
+        self.runner.clock = self.head.clock = clock
 
-        Feeds catch_up and the first k-1 proposals (the k-th proposal is never fed).
-        """
+    def propose(self, catch_up: torch.Tensor, start: int, k: int) -> torch.Tensor:
+        """Feed catch_up (1,m) at `start`, then propose k tokens greedily; returns (k,) on the device.
+        Feeds catch_up and the first k-1 proposals (the k-th proposal is never fed)."""
         x, pos, out = catch_up, start, []
-        for i in range(k):
-            with clock.span("call_draft_body", self.runner.device):
-                h = self.runner.forward(x, pos)                             # (1,n,d)
-            with clock.span("call_draft_head", self.runner.device):
-                tok = self.head(h[:, -1]).clone()                           # (1,)
+        for _ in range(k):
+            tok = self.head(self.runner.forward(x, pos)[:, -1]).clone()       # (1,)
             out.append(tok)
             pos += x.shape[1]
             x = tok.view(1, 1)
@@ -55,10 +59,9 @@ class Target:
     """The target model: body and dense greedy head in one call (one CUDA graph per length)."""
     runner: Runner
 
-    def greedy(self, clock: Clock, ids: torch.Tensor, start: int, graph: bool = True) -> torch.Tensor:
+    def greedy(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         """Target argmax after each of ids (1,n) fed at `start`: (n,) on the device (a copy)."""
-        with clock.span("call_target"):
-            return self.runner.greedy(ids, start, graph).clone()
+        return self.runner.greedy(ids, start).clone()
 
 
 @dataclass
@@ -74,75 +77,91 @@ class Result:
     skipped: int = 0
     accepted_lengths: list[int] = field(default_factory=list)
     spans_ms: dict = field(default_factory=dict)
+    stopped: bool = False                                                   # ended at a stop token
 
     @property
     def decode_tokens(self) -> int:
         return len(self.tokens) - 1                                         # tokens after the first
 
 
+def check_args(target: Target, prompt: list[int], max_new: int, k: int = 1) -> None:
+    """Reject impossible requests before any work, with the reason."""
+    if max_new < 1:
+        raise ValueError(f"max_new must be >= 1, got {max_new}")
+    if k < 1:
+        raise ValueError(f"block length k must be >= 1, got {k}")
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    need = len(prompt) + max_new
+    if need > target.runner.max_len:
+        raise ValueError(f"a prompt of {len(prompt)} tokens and {max_new} new tokens need {need} cache positions; "
+                         f"the runner holds {target.runner.max_len}")
+
+
 def prefill(target: Target, prompt: list[int]) -> torch.Tensor:
     """Target prompt prefill and first token (1,): TTFT, outside the decode clock."""
     ids = torch.tensor([prompt], device=target.runner.device)
-    return target.runner.greedy(ids, 0, graph=False)[-1:]
+    return target.runner.prefill(ids)[-1:]
 
 
-def generate_baseline(target: Target, prompt: list[int], max_new: int) -> Result:
-    """Target-only greedy decoding: prefill, then one single-token append per token."""
-    dev = target.runner.device
-    clock = Clock(dev)
+def generate_baseline(target: Target, prompt: list[int], max_new: int, stop: frozenset = frozenset()) -> Result:
+    """Target-only greedy decoding: prefill, then one single-token append per token, until max_new
+    tokens or a stop token (inclusive). Reads each token on the host only when there are stop tokens."""
+    check_args(target, prompt, max_new)
+    clock = target.runner.clock
     t0 = time.perf_counter()
     tok = prefill(target, prompt)
-    first = tok.item()
-    t1 = time.perf_counter()
     out, pos = [tok], len(prompt)
+    t1 = time.perf_counter()
+    clock.reset()                                                            # the prefill is TTFT, not decode
     with clock.span("decode"):
-        for _ in range(max_new - 1):
-            tok = target.greedy(clock, tok.view(1, 1), pos)
+        while len(out) < max_new and not (stop and out[-1].item() in stop):
+            tok = target.greedy(tok.view(1, 1), pos)
             out.append(tok)
             pos += 1
     tokens = torch.cat(out).tolist()
     t2 = time.perf_counter()
-    assert tokens[0] == first
-    return Result(tokens, 1000 * (t1 - t0), 1000 * (t2 - t1), append_calls=max_new - 1, spans_ms=clock.totals())
-
-
-SCHEDULES = ("ordinary", "deferred", "pipelined")
+    return Result(tokens, 1000 * (t1 - t0), 1000 * (t2 - t1), append_calls=len(tokens) - 1,
+                  spans_ms=clock.totals(), stopped=bool(stop) and tokens[-1] in stop)
 
 
 class Appender:
     """The ordinary schedule's single-token target append, run inline or on a worker thread with its
     own CUDA stream (pipelined). result() returns the pending prediction (1,) on the main stream."""
 
-    def __init__(self, target: Target, clock: Clock, pipelined: bool):
-        self.target, self.clock = target, clock
+    def __init__(self, target: Target, pipelined: bool):
+        self.target, self.clock = target, target.runner.clock
         self.pool = ThreadPoolExecutor(1) if pipelined else None
         cuda = target.runner.device.type == "cuda"
         self.stream = torch.cuda.Stream(target.runner.device) if pipelined and cuda else None
-        self.future = None
+        self.future, self.in_flight = None, False
 
     def submit(self, ids: torch.Tensor, start: int) -> None:
+        self.in_flight = True
         if self.pool is None:
-            self.value = self._append(ids, start, None)
+            with self.clock.span("finalize"):
+                self.value = self.target.greedy(ids, start)
             return
         ready = None
         if self.stream is not None:
             ready = torch.cuda.Event()
             ready.record()                                                  # ids were written on the main stream
-        self.future = self.pool.submit(self._append, ids, start, ready)
+        self.future = self.pool.submit(self._append_on_stream, ids, start, ready)
 
-    def _append(self, ids: torch.Tensor, start: int, ready) -> torch.Tensor:
-        if self.stream is None:
+    def _append_on_stream(self, ids: torch.Tensor, start: int, ready):
+        if self.stream is None:                                             # CPU: a thread, no stream
             with self.clock.span("finalize"):
-                return self.target.greedy(self.clock, ids, start)
+                return self.target.greedy(ids, start)
         with torch.cuda.stream(self.stream):
             self.stream.wait_event(ready)
             with self.clock.span("finalize"):
-                out = self.target.greedy(self.clock, ids, start)
+                out = self.target.greedy(ids, start)
             done = torch.cuda.Event()
             done.record()
         return out, done
 
     def result(self) -> torch.Tensor:
+        self.in_flight = False
         if self.pool is None:
             return self.value
         out = self.future.result()
@@ -157,88 +176,154 @@ class Appender:
             self.pool.shutdown()
 
 
+class Sequence:
+    """The emitted tokens of one generation, on the device (buf, model inputs are sliced from it) and
+    on the host (seq), with the number of tokens in each model's KV cache."""
+
+    def __init__(self, prompt: list[int], first: torch.Tensor, max_new: int):
+        P, dev = len(prompt), first.device
+        self.prompt_len, self.max_new = P, max_new
+        self.buf = torch.zeros(P + max_new, dtype=torch.long, device=dev)   # prompt + emitted tokens
+        self.buf[:P] = torch.tensor(prompt)
+        self.buf[P] = first[0]
+        self.seq = list(prompt) + [first.item()]                             # host copy of buf
+        self.t_pos, self.d_pos = P, 0                                        # tokens in the target / draft caches
+        self.stopped = False
+
+    @property
+    def emitted(self) -> int:
+        return len(self.seq) - self.prompt_len
+
+    def done(self) -> bool:
+        return self.stopped or self.emitted >= self.max_new
+
+
+def verify_with_pending(target: Target, props: torch.Tensor, pending: torch.Tensor, s: Sequence, kk: int):
+    """Ordinary/pipelined round: the target is up to date and `pending` (1,) is its next token.
+    Returns (accepted proposals as host ids, final token id, final token (1,) on the device, verified?)."""
+    got = torch.cat([props[:1], pending]).tolist()                          # one host sync: [d1, pending]
+    if kk == 0 or got[0] != got[-1]:
+        return [], got[-1], pending, False                                   # d1 rejected: skip the verify call
+    preds = target.greedy(props[None], s.t_pos)                              # (kk,): p_i = argmax after d_i
+    got = torch.cat([props, preds]).tolist()                                 # one sync: [d1..dk, p1..pk]
+    # d1 == pending is accepted; d_{i+1} is accepted while it equals p_i.
+    a = 1 + accepted_prefix(got[1:kk], got[kk:2 * kk - 1])
+    # The final token is p_a, the prediction after the last accepted proposal (index kk + a - 1).
+    return got[:a], got[kk + a - 1], preds[a - 1:a], True
+
+
+def verify_deferred(target: Target, props: torch.Tensor, s: Sequence, kk: int):
+    """Deferred round: the last emitted token has not been fed, so the verify batch is [final, d1..dk]
+    fed at t_pos; output i is the prediction after token i of the batch. Returns as verify_with_pending."""
+    n = len(s.seq)
+    preds = target.greedy(torch.cat([s.buf[s.t_pos:n], props])[None], s.t_pos)   # (1+kk,): p0..pk
+    got = torch.cat([props, preds]).tolist()                                  # one sync: [d1..dk, p0..pk]
+    # p0 (after the previous final token) judges d1, p_i judges d_{i+1}: accept while d_{i+1} == p_i.
+    a = accepted_prefix(got[:kk], got[kk:2 * kk])
+    # The final token is p_a, the prediction after the last accepted token (index kk + a).
+    return got[:a], got[kk + a], preds[a:a + 1], True
+
+
+def accept(s: Sequence, props: torch.Tensor, accepted: list[int], final: int, final_dev: torch.Tensor,
+           stop: frozenset) -> int:
+    """Emit the accepted proposals and the final token. A stop token among them ends the generation
+    there; a stopping proposal becomes the round's final token. Returns the accepted count after the cut."""
+    emitted, a = accepted + [final], len(accepted)
+    cut = next((i for i, t in enumerate(emitted) if t in stop), None)
+    if cut is not None:
+        s.stopped = True
+        if cut < a:
+            emitted, a, final_dev = emitted[:cut + 1], cut, props[cut:cut + 1]
+    n = len(s.seq)
+    s.buf[n:n + a] = props[:a]                                               # device-side copies, no host tokens
+    s.buf[n + a:n + a + 1] = final_dev
+    s.seq += emitted
+    return a
+
+
+def propose(draft: Draft, s: Sequence, kk: int) -> torch.Tensor:
+    """The draft catches up on the tokens it has not seen (buf[d_pos:n]), then proposes kk tokens (kk,);
+    afterwards it has fed everything but its last proposal."""
+    n = len(s.seq)
+    if kk == 0:
+        return s.buf[n:n]                                                    # (0,): nothing to propose
+    props = draft.propose(s.buf[None, s.d_pos:n].to(draft.runner.device), s.d_pos, kk)
+    s.d_pos = n + kk - 1
+    return props.to(s.buf.device)
+
+
+def verify(target: Target, props: torch.Tensor, pending: torch.Tensor | None, s: Sequence, kk: int):
+    """The round's verification: against the pending prediction when the target is up to date
+    (ordinary, pipelined, and the first deferred round), else the deferred batch."""
+    if pending is not None:
+        return verify_with_pending(target, props, pending, s, kk)
+    return verify_deferred(target, props, s, kk)
+
+
+def roll_back(s: Sequence, n: int, a: int) -> None:
+    """Caches keep only accepted tokens: positions from n + a on held rejected proposals (or will hold
+    the final token, not fed yet), so the next writes overwrite them."""
+    s.t_pos = n + a
+    s.d_pos = min(s.d_pos, n + a)
+
+
+def count_round(res: Result, kk: int, a: int, verified: bool) -> None:
+    res.rounds += 1
+    res.proposed += kk
+    res.accepted += a
+    res.accepted_lengths.append(a)
+    res.verify_calls += verified
+    res.skipped += not verified and kk > 0
+
+
 def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_new: int, k: int,
-                         schedule: str) -> Result:
-    """Greedy speculative decoding (one of SCHEDULES); output equals target greedy decoding.
+                         schedule: str, stop: frozenset = frozenset()) -> Result:
+    """Greedy speculative decoding (one of lib.modes.SCHEDULES); output equals target greedy decoding.
 
     Emitted tokens live in a device buffer, so model inputs are sliced on the device; the host
     reads tokens once per round (the accepted length), never inside the proposal loop.
     """
     if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}: use one of {SCHEDULES}")
-    tdev, ddev = target.runner.device, draft.runner.device
-    clock = Clock(tdev)
-    P = len(prompt)
+        raise ValueError(f"unknown schedule {schedule!r}: use one of {list(SCHEDULES)}")
+    check_args(target, prompt, max_new, k)
+    clock = target.runner.clock
+    draft.use_clock(clock)
     t0 = time.perf_counter()
-    buf = torch.zeros(P + max_new, dtype=torch.long, device=tdev)                  # prompt + emitted tokens
-    buf[:P] = torch.tensor(prompt)
-    seq = list(prompt)                                                              # host copy of buf
-    first = prefill(target, prompt)
-    seq.append(first.item())
-    buf[P] = first[0]
+    s = Sequence(prompt, prefill(target, prompt), max_new)
     t1 = time.perf_counter()
-    res = Result([], 1000 * (t1 - t0), 0.0)
-
+    clock.reset()                                                            # the prefill is TTFT, not decode
+    res, P = Result([], 1000 * (t1 - t0), 0.0, append_calls=1), len(prompt)
+    s.stopped = s.seq[-1] in stop
     with clock.span("initial"):
-        with clock.span("call_draft_prefill", ddev):
-            draft.runner.forward(buf[None, :P].to(ddev), 0, graph=False)           # draft prefill
-        pending = target.greedy(clock, buf[None, P:P + 1], P)                       # initial target append
-    t_pos, d_pos = P + 1, P                                                         # tokens in each cache
-    res.append_calls = 1
-    appender = Appender(target, clock, schedule == "pipelined")
-    appending = False                                                               # an append is in flight
-
-    while len(seq) - P < max_new:
-        n = len(seq)
-        kk = min(k, max_new - (n - P) - 1)                                          # never overshoot max_new
-        props = buf[n:n]                                                            # (0,) until proposed
+        draft.runner.prefill(s.buf[None, :P].to(draft.runner.device))        # draft prefill
+        pending = target.greedy(s.buf[None, P:P + 1], P)                     # initial target append
+    s.t_pos, s.d_pos = P + 1, P
+    appender = Appender(target, schedule == PIPELINED)
+    while not s.done():
+        n = len(s.seq)
+        kk = min(k, max_new - s.emitted - 1)                                 # never overshoot max_new
         with clock.span("draft"):
-            if kk > 0:
-                props = draft.propose(clock, buf[None, d_pos:n].to(ddev), d_pos, kk).to(tdev)
-                d_pos = n + kk - 1
-        if appending:
-            pending, appending = appender.result(), False                           # join the overlapped append
+            props = propose(draft, s, kk)
+        if pending is None and appender.in_flight:
+            pending = appender.result()                                      # join the overlapped append
         with clock.span("verify"):
-            if pending is not None:                                                 # target is up to date
-                got = torch.cat([props[:1], pending]).tolist()                      # one sync
-                if kk == 0 or got[0] != got[-1]:
-                    res.skipped += kk > 0
-                    a, final, new = 0, got[-1], pending
-                else:
-                    preds = target.greedy(clock, props[None], t_pos)                # (kk,) after each proposal
-                    res.verify_calls += 1
-                    got = torch.cat([props, preds]).tolist()                        # one sync
-                    a = 1 + accepted_prefix(got[1:kk], got[kk:2 * kk - 1])
-                    final, new = got[kk + a - 1], preds[a - 1:a]
-            else:                                                                   # deferred: [final, d1..dK]
-                preds = target.greedy(clock, torch.cat([buf[t_pos:n], props])[None], t_pos)   # (1+kk,)
-                res.verify_calls += 1
-                got = torch.cat([props, preds]).tolist()
-                a = accepted_prefix(got[:kk], got[kk:2 * kk])
-                final, new = got[kk + a], preds[a:a + 1]
-        buf[n:n + a] = props[:a]
-        buf[n + a:n + a + 1] = new
-        seq += got[:a] + [final]
-        t_pos = n + a                                                               # drop rejected positions
-        d_pos = min(d_pos, n + a)
-        res.rounds += 1
-        res.proposed += kk
-        res.accepted += a
-        res.accepted_lengths.append(a)
-        if schedule != "deferred" and len(seq) - P < max_new:
-            appender.submit(buf[None, t_pos:t_pos + 1], t_pos)                      # single-token append
-            pending, appending = None, True
-            t_pos += 1
+            accepted, final, final_dev, verified = verify(target, props, pending, s, kk)
+        a = accept(s, props, accepted, final, final_dev, stop)
+        count_round(res, kk, a, verified)
+        roll_back(s, n, a)
+        pending = None
+        if schedule != DEFERRED and not s.done():
+            appender.submit(s.buf[None, s.t_pos:s.t_pos + 1], s.t_pos)        # feed the final token
+            s.t_pos += 1
             res.append_calls += 1
         else:
-            with clock.span("finalize"):                                            # nothing to append
-                pending = None
+            with clock.span("finalize"):                                     # deferred: nothing to append
+                pass
     appender.close()
-    sync(tdev)
-    sync(ddev)
+    sync(target.runner.device)
+    sync(draft.runner.device)
     res.decode_ms = 1000 * (time.perf_counter() - t1)
-    res.tokens = seq[P:]
-    res.spans_ms = clock.totals()
+    res.tokens, res.stopped, res.spans_ms = s.seq[P:], s.stopped, clock.totals()
     return res
 
 

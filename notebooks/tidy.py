@@ -1,20 +1,44 @@
-"""Keep committed notebooks diff-friendly: drop outputs nbval ignores, execution counts' noise and
-papermill's timing metadata. Usage: python notebooks/tidy.py notebooks/*.ipynb"""
-import sys
+"""Keep notebooks diff-friendly. Always: drop widget state (progress-bar widgets and their ids) and
+papermill's timing metadata. For the committed nbval references in notebooks/ also drop the outputs
+nbval ignores, stderr and the injected-parameters cell; executed notebooks under outputs/ keep them
+(keep_outputs=True, what notebooks/run.py does).
+Usage: python notebooks/tidy.py [--keep-outputs] notebooks/0*.ipynb"""
+import argparse
 
 import nbformat
 
-for path in sys.argv[1:]:
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def is_widget(output) -> bool:
+    return WIDGET_VIEW in output.get("data", {})
+
+
+def tidy(path, keep_outputs: bool = False) -> None:
     nb = nbformat.read(path, as_version=4)
+    nb.metadata.pop("widgets", None)
     nb.metadata.pop("papermill", None)
     for cell in nb.cells:
         cell.metadata.pop("papermill", None)
         cell.metadata.pop("execution", None)
         if cell.cell_type != "code":
             continue
+        cell.outputs = [o for o in cell.outputs if not is_widget(o)]
+        if keep_outputs:
+            continue
         tags = cell.metadata.get("tags", [])
         if "nbval-ignore-output" in tags or "parameters" in tags or "injected-parameters" in tags:
             cell.outputs = []
         cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and o.name == "stderr")]
-    nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
+    if not keep_outputs:
+        nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
     nbformat.write(nb, path)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--keep-outputs", action="store_true", help="executed notebooks: drop only widget state and timing")
+    ap.add_argument("paths", nargs="+")
+    args = ap.parse_args()
+    for p in args.paths:
+        tidy(p, keep_outputs=args.keep_outputs)

@@ -3,8 +3,14 @@
 Everything here is built in memory from tiny shapes (vocab 512, 16 token families, draft hidden 32,
 target hidden 64, two layers each) so the whole suite runs in seconds on a 2-core CPU.
 """
+import os
+import tempfile
+
 import pytest
 import torch
+
+# Tests never write into the checkout's outputs/: results go to a scratch root unless one is set (make test sets one).
+os.environ.setdefault("STUDY_OUTPUTS", tempfile.mkdtemp(prefix="study-test-outputs-"))
 
 from lib.config import Shape, Synthetic
 

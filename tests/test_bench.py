@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 import lib.bench as bench
+import lib.runs as runs_lib
 
 
 # stats
@@ -78,90 +79,97 @@ class FrozenDatetime(datetime):
         return datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 
 
+def user_keys(run):
+    """config.json without the keys new_run adds (start time, commit)."""
+    cfg = json.loads((run / "config.json").read_text())
+    assert set(cfg) >= {"started", "commit"}
+    return {k: v for k, v in cfg.items() if k not in ("started", "commit")}
+
+
 @pytest.fixture
 def same_second(monkeypatch):
-    monkeypatch.setattr(bench, "datetime", FrozenDatetime)
+    monkeypatch.setattr(runs_lib, "datetime", FrozenDatetime)
 
 
 def test_new_run_never_reuses_a_directory(tmp_path, same_second):
     cfg = {"profile": "tiny", "path": Path("/x")}
-    runs = [bench.new_run(tmp_path, cfg) for _ in range(3)]
+    runs = [runs_lib.new_run(tmp_path, cfg) for _ in range(3)]
     assert len(set(runs)) == 3
     for r in runs:
         assert r.parent == tmp_path / "runs" and r.name.startswith("e2e-20250102T030405")
-        assert json.loads((r / "config.json").read_text()) == {"profile": "tiny", "path": "/x"}
-        assert bench.read_records(r) == []
-        assert not bench.finished(r)
+        assert user_keys(r) == {"profile": "tiny", "path": "/x"}
+        assert runs_lib.read_records(r) == []
+        assert not runs_lib.finished(r)
 
 
 def test_new_run_real_clock_twice_in_a_row(tmp_path):
-    a, b = bench.new_run(tmp_path, {"n": 1}), bench.new_run(tmp_path, {"n": 2})
+    a, b = runs_lib.new_run(tmp_path, {"n": 1}), runs_lib.new_run(tmp_path, {"n": 2})
     assert a != b
-    assert json.loads((a / "config.json").read_text()) == {"n": 1}
-    assert json.loads((b / "config.json").read_text()) == {"n": 2}
+    assert user_keys(a) == {"n": 1}
+    assert user_keys(b) == {"n": 2}
 
 
 def test_new_run_name(tmp_path, same_second):
-    assert bench.new_run(tmp_path, {}, name="micro").name == "micro-20250102T030405"
+    assert runs_lib.new_run(tmp_path, {}, name="micro").name == "micro-20250102T030405"
 
 
 def test_append_and_read_records(tmp_path):
-    run = bench.new_run(tmp_path, {})
+    run = runs_lib.new_run(tmp_path, {})
     recs = [{"mode": "baseline", "tokens": [1, 2]}, {"mode": "flash_ordinary", "tokens": [3]}]
     for r in recs:
-        bench.append_record(run, r)
-    assert bench.read_records(run) == recs
+        runs_lib.append_record(run, r)
+    assert runs_lib.read_records(run) == recs
 
 
 def test_append_record_refuses_a_finished_run(tmp_path):
-    run = bench.new_run(tmp_path, {})
-    bench.append_record(run, {"i": 0})
-    bench.mark_finished(run)
-    assert bench.finished(run)
+    run = runs_lib.new_run(tmp_path, {})
+    runs_lib.append_record(run, {"i": 0})
+    runs_lib.mark_finished(run)
+    assert runs_lib.finished(run)
     with pytest.raises(RuntimeError, match="finished"):
-        bench.append_record(run, {"i": 1})
-    assert bench.read_records(run) == [{"i": 0}]
+        runs_lib.append_record(run, {"i": 1})
+    assert runs_lib.read_records(run) == [{"i": 0}]
 
 
 def test_latest_run_without_runs(tmp_path):
     with pytest.raises(FileNotFoundError):
-        bench.latest_run(tmp_path)                                      # no runs/ folder at all
-    bench.new_run(tmp_path, {})                                         # an unfinished run only
+        runs_lib.latest_run(tmp_path)                                      # no runs/ folder at all
+    runs_lib.new_run(tmp_path, {})                                         # an unfinished run only
     with pytest.raises(FileNotFoundError, match="no finished e2e run"):
-        bench.latest_run(tmp_path)
+        runs_lib.latest_run(tmp_path)
 
 
 def test_latest_run_ignores_unfinished_and_other_names(tmp_path, monkeypatch):
-    stamps = iter(range(10))
+    stamps = iter(range(60))
 
     class Ticking(datetime):
         @classmethod
         def now(cls, tz=None):
             return datetime(2025, 1, 1, 0, 0, next(stamps), tzinfo=timezone.utc)
-    monkeypatch.setattr(bench, "datetime", Ticking)
-    old = bench.new_run(tmp_path, {})
-    bench.mark_finished(old)
-    newer = bench.new_run(tmp_path, {})
-    bench.mark_finished(newer)
-    bench.new_run(tmp_path, {})                                         # newest, but unfinished
-    other = bench.new_run(tmp_path, {}, name="micro")
-    bench.mark_finished(other)
-    assert bench.latest_run(tmp_path) == newer
-    assert bench.latest_run(tmp_path, name="micro") == other
+    monkeypatch.setattr(runs_lib, "datetime", Ticking)
+    old = runs_lib.new_run(tmp_path, {})
+    runs_lib.mark_finished(old)
+    newer = runs_lib.new_run(tmp_path, {})
+    runs_lib.mark_finished(newer)
+    runs_lib.new_run(tmp_path, {})                                         # newest, but unfinished
+    other = runs_lib.new_run(tmp_path, {}, name="micro")
+    runs_lib.mark_finished(other)
+    assert runs_lib.latest_run(tmp_path) == newer
+    assert runs_lib.latest_run(tmp_path, name="micro") == other
 
 
 def test_latest_run_same_second(tmp_path, same_second):
-    runs = [bench.new_run(tmp_path, {}) for _ in range(3)]
+    runs = [runs_lib.new_run(tmp_path, {}) for _ in range(3)]
     for r in runs:
-        bench.mark_finished(r)
-    assert bench.latest_run(tmp_path) == runs[-1]
+        runs_lib.mark_finished(r)
+    assert runs_lib.latest_run(tmp_path) == runs[-1]
 
 
-# LIB BUG (lib/bench.py latest_run): run names are compared as strings, so the same-second suffixes
+# Formerly a bug (latest_run): run names are compared as strings, so the same-second suffixes
 # sort "-1" < "-10" < "-11" < "-2" < ... < "-9": from the 11th run started within one second on,
 # latest_run returns an older run (here "-9" instead of "-11").
 def test_latest_run_many_in_the_same_second(tmp_path, same_second):
-    runs = [bench.new_run(tmp_path, {}) for _ in range(12)]
+    runs = [runs_lib.new_run(tmp_path, {}) for _ in range(12)]
     for r in runs:
-        bench.mark_finished(r)
-    assert bench.latest_run(tmp_path) == runs[-1]
+        runs_lib.mark_finished(r)
+    assert runs_lib.latest_run(tmp_path) == runs[-1]

@@ -1,4 +1,5 @@
 import copy
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -49,13 +50,17 @@ PROFILES = sorted(p.stem for p in (REPO / "params").glob("*.yaml") if not p.stem
 
 
 @pytest.mark.parametrize("name", PROFILES)
-def test_every_shipped_profile_loads(name):
+def test_every_shipped_profile_loads(name, monkeypatch):
+    monkeypatch.delenv("STUDY_OUTPUTS", raising=False)
+    monkeypatch.delenv("STUDY_MODELS", raising=False)
     p = load_profile(name)
     assert p.name == name                                  # outputs/<name> must not collide with another profile
     assert p.out_dir == REPO / "outputs" / name and p.model_dir == REPO / "models" / name
 
 
-def test_smoke_derived_paths_are_under_the_repo():
+def test_smoke_derived_paths_are_under_the_repo(monkeypatch):
+    monkeypatch.delenv("STUDY_OUTPUTS", raising=False)
+    monkeypatch.delenv("STUDY_MODELS", raising=False)
     p = load_profile("smoke")
     assert p.out_dir == REPO / "outputs" / "smoke"
     assert p.model_dir == REPO / "models" / "smoke"
@@ -65,8 +70,56 @@ def test_smoke_derived_paths_are_under_the_repo():
 
 
 def test_unmodified_copy_loads_identically(tmp_path, smoke_data):
-    # Control for the error tests below: the dump/load round trip itself is fine.
-    assert load_profile(str(write(tmp_path, smoke_data))) == load_profile("smoke")
+    # Control for the error tests below: the dump/load round trip itself is fine (but for the name).
+    assert load_profile(str(write(tmp_path, smoke_data))) == replace(load_profile("smoke"), name="custom_profile")
+
+
+# a profile is named by its file, and writes only under that name
+
+def test_copied_profile_is_named_by_its_file(tmp_path, smoke_data, monkeypatch):
+    monkeypatch.delenv("STUDY_OUTPUTS", raising=False)
+    monkeypatch.delenv("STUDY_MODELS", raising=False)
+    p = load_profile(str(write(tmp_path, smoke_data, "mine.yaml")))
+    assert p.name == "mine"
+    assert p.out_dir == REPO / "outputs" / "mine" and p.model_dir == REPO / "models" / "mine"
+
+
+def test_name_key_that_differs_from_the_file_is_refused(tmp_path, smoke_data):
+    msg = load_error(tmp_path, {"name": "smoke", **smoke_data})
+    assert "'smoke'" in msg and "'custom_profile'" in msg
+
+
+def test_name_key_equal_to_the_file_is_accepted(tmp_path, smoke_data):
+    assert load_profile(str(write(tmp_path, {"name": "custom_profile", **smoke_data}))).name == "custom_profile"
+
+
+def test_outputs_root_follows_study_outputs(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUDY_OUTPUTS", str(tmp_path / "scratch"))
+    assert load_profile("smoke").out_dir == tmp_path / "scratch" / "smoke"
+
+
+# YAML errors name the file and line; duplicate keys are errors
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    path = tmp_path / FILE
+    path.write_text("seed: 0\ndtype: float32\nmodels: {source: synthetic\nclustering: x\n")
+    with pytest.raises(ConfigError, match=rf"{FILE}:\d+"):
+        load_profile(str(path))
+
+
+def test_duplicate_key_is_an_error(tmp_path):
+    path = tmp_path / FILE
+    text = SMOKE.read_text().replace("seed: 0\n", "seed: 0\nseed: 1\n")
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"{FILE}:3.*duplicate key 'seed'"):
+        load_profile(str(path))
+
+
+def test_nested_duplicate_key_is_an_error(tmp_path):
+    path = tmp_path / FILE
+    path.write_text(SMOKE.read_text().replace("  k: 5\n", "  k: 5\n  k: 6\n"))
+    with pytest.raises(ConfigError, match="duplicate key 'k'"):
+        load_profile(str(path))
 
 
 def test_pretrained_flash_dir_is_the_configured_path(tmp_path, smoke_data):

@@ -5,53 +5,93 @@ from dataclasses import replace
 
 import pytest
 
-from lib import bench, study
-from lib.config import Cluster, load_profile
+from lib import runs, study
+from lib.config import Slurm, load_profile
 
 pytest.importorskip("submitit")
 
 
 @pytest.fixture
-def profile():
+def profile(monkeypatch, tmp_path):
+    monkeypatch.setenv("STUDY_OUTPUTS", str(tmp_path))
     p = load_profile("smoke")
     return replace(p, prompts=replace(p.prompts, per_group=1, limit=3),
                    decode=replace(p.decode, max_new_tokens=6, modes=["baseline", "dense"],
                                   schedules=["ordinary", "deferred"]),
-                   bench=replace(p.bench, e2e_warmup=0), cluster=Cluster(shards=2, timeout_min=10, gpus_per_task=0))
+                   bench=replace(p.bench, e2e_warmup=0), slurm=Slurm(shards=2, timeout_min=10, gpus_per_task=0))
 
 
 def keys(records):
     return Counter((r["iteration"], r["question_id"], r["mode"]) for r in records)
 
 
-def test_submitit_local_shards_merge_into_one_results_set(profile, tmp_path):
-    run = bench.new_run(tmp_path, {"test": True})
-    study.run_e2e_launch(profile, "submitit-local", run_dir=run)
+def new_run(profile):
+    enc = study.encoded_prompts(profile)
+    qids = [p.question_id for p, _ in enc]
+    return runs.new_run(profile.out_dir, runs.run_config(profile, qids, study.device_info(profile))), qids
+
+
+def test_submitit_local_shards_merge_into_one_results_set(profile):
+    run, qids = new_run(profile)
+    runs.launch_slurm(profile, run, qids, study.run_shard, "local")
     shard_files = sorted(p.name for p in run.glob("samples.shard*.jsonl"))
     assert shard_files == ["samples.shard000of002.jsonl", "samples.shard001of002.jsonl"]
-    recs = study.finish_run(run)
+    recs = runs.finish_run(run)
     assert not list(run.glob("samples.shard*.jsonl")) and (run / "samples.jsonl").exists()
     assert len(recs) == 3 * 3 and max(keys(recs).values()) == 1           # 3 prompts x 3 modes, no duplicates
     assert all(r["exact_match"] for r in recs)
-    assert bench.latest_run(tmp_path) == run
+    assert runs.latest_run(profile.out_dir) == run
 
 
-def test_failed_shard_is_reported_and_rerun_resumes(profile, tmp_path):
-    run = bench.new_run(tmp_path, {"test": True})
+def test_failed_shard_is_reported_and_rerun_resumes(profile):
+    run, qids = new_run(profile)
     blocker = run / "samples.shard001of002.jsonl"
     blocker.mkdir()                                                       # shard 1 cannot write: it fails
-    with pytest.raises(RuntimeError, match=r"(?s)1 of 2 shards failed.*Resume with.*shard 1/2.*IsADirectoryError"):
-        study.run_e2e_launch(profile, "submitit-local", run_dir=run)
-    first = bench.read_records(run)
+    with pytest.raises(RuntimeError, match=r"(?s)1 of 2 shards failed.*to resume.*shard 1/2.*IsADirectoryError"):
+        study.run_speculative(profile, "submitit-local")
+    first = runs.read_records(run)
     assert len(first) == 2 * 3                                            # shard 0 holds prompts 0 and 2
     blocker.rmdir()
-    study.run_e2e_launch(profile, "submitit-local", run_dir=run)         # resume: only shard 1 has work
-    recs = study.finish_run(run)
-    assert len(recs) == 9 and max(keys(recs).values()) == 1
+    assert study.run_speculative(profile, "submitit-local") == run       # resume: only shard 1 has work
+    recs = runs.read_records(run)
+    assert runs.finished(run) and len(recs) == 9 and max(keys(recs).values()) == 1
     assert keys(first) <= keys(recs)
     assert {tuple(r["tokens"]) for r in first} <= {tuple(r["tokens"]) for r in recs}   # kept, not redone
 
 
 def test_unknown_launcher_is_refused(profile):
     with pytest.raises(ValueError, match="unknown launcher"):
-        study.run_e2e_launch(profile, "kubernetes")
+        study.run_speculative(profile, "kubernetes")
+
+
+# resume after an interruption (make reproduce runs notebook 03 again)
+
+def test_interrupted_run_is_resumed_and_says_so(profile, monkeypatch, capsys):
+    import lib.runs
+    real, calls = lib.runs.append_record, []
+
+    def dies_after_four(run, rec, shard=(0, 1)):
+        if len(calls) == 4:
+            raise KeyboardInterrupt                                           # the user's Ctrl-C
+        calls.append(rec)
+        real(run, rec, shard)
+    monkeypatch.setattr(lib.runs, "append_record", dies_after_four)
+    with pytest.raises(KeyboardInterrupt):
+        study.run_speculative(profile)
+    (run,) = runs.runs_of(profile.out_dir)
+    assert not runs.finished(run) and len(runs.read_records(run)) == 4
+    monkeypatch.setattr(lib.runs, "append_record", real)
+    assert study.run_speculative(profile) == run                              # same directory, finished now
+    assert f"resuming run {run.name} (4 samples already recorded)" in capsys.readouterr().out
+    recs = runs.read_records(run)
+    assert runs.finished(run) and len(recs) == 9 and max(keys(recs).values()) == 1
+    cfg = __import__("json").loads((run / "config.json").read_text())
+    assert [r["samples"] for r in cfg["resumed"]] == [4]                     # the run records the resume
+
+
+def test_fresh_starts_a_new_run_and_other_configurations_do_not_resume(profile):
+    run, _ = new_run(profile)                                                 # unfinished, same configuration
+    assert study.run_speculative(profile, fresh=True) != run
+    other = replace(profile, decode=replace(profile.decode, max_new_tokens=5))
+    assert study.run_speculative(other) not in (run,)
+    assert not runs.finished(run)                                             # left as it was

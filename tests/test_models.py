@@ -3,8 +3,9 @@ import json
 import pytest
 import torch
 
-from lib import models
-from lib.models import Runner, load_model, read_flash_checkpoint, save_flash_checkpoint
+from lib import checkpoints
+from lib.checkpoints import load_model, read_flash_checkpoint, save_flash_checkpoint
+from lib.runner import Runner
 
 from conftest import DRAFT_D, N_CLUSTERS, SPECIAL_IDS, VOCAB
 
@@ -151,9 +152,9 @@ def flash_dir(draft_dir, draft_clustering, tmp_path):
 
 def rewrite_assets(path, **tensors):
     file = path / ASSETS
-    t = models.load_file(str(file))
+    t = checkpoints.load_file(str(file))
     t.update(tensors)
-    models.save_file({k: v.contiguous() for k, v in t.items()}, str(file))
+    checkpoints.save_file({k: v.contiguous() for k, v in t.items()}, str(file))
 
 
 def edit_config(path, **changes):
@@ -176,7 +177,7 @@ def test_flash_checkpoint_round_trip(flash_dir, draft_clustering):
     assert cfg["hidden_size"] == DRAFT_D and cfg["vocab_size"] == VOCAB        # the draft's own keys kept
     assert c2.shape == (N_CLUSTERS, DRAFT_D) and c2.dtype == torch.float32
     assert a2.shape == (VOCAB,) and a2.dtype == torch.int64
-    assert torch.equal(c2, cents.float()) and torch.equal(a2, assign)
+    assert torch.allclose(c2, cents.float(), atol=1e-6) and torch.equal(a2, assign)   # unit rows, re-normalised
     assert (flash_dir / ASSETS).is_file() and (flash_dir / "model.safetensors").is_file()
 
 
@@ -195,14 +196,64 @@ def test_save_flash_checkpoint_replaces_existing_dir(flash_dir, draft_dir, draft
     assert cfg["n_probes"] == 8 and cfg["flash_head_special_token_ids"] == []
 
 
-@pytest.mark.parametrize("layout", ["dc", "1cd", "11cd"])
-def test_read_accepts_other_centroid_layouts(flash_dir, draft_clustering, layout):
+def test_written_in_embedls_layout(flash_dir, draft_clustering):
+    stored = checkpoints.load_file(str(flash_dir / ASSETS))["centroids"]
+    assert stored.shape == (1, 1, DRAFT_D, N_CLUSTERS)                     # (1, 1, d, c), as Embedl ships it
+
+
+@pytest.mark.parametrize("layout", ["cd", "11dc"])
+def test_read_accepts_both_layouts(flash_dir, draft_clustering, layout):
     _, cents, assign = draft_clustering
-    stored = {"dc": cents.T, "1cd": cents[None], "11cd": cents[None, None]}[layout]
+    stored = {"cd": cents, "11dc": cents.T[None, None]}[layout]
     rewrite_assets(flash_dir, centroids=stored.float())
     _, c2, a2 = read_flash_checkpoint(flash_dir)
     assert c2.shape == (N_CLUSTERS, DRAFT_D)
-    assert torch.equal(c2, cents.float()) and torch.equal(a2, assign)
+    assert torch.allclose(c2, cents.float(), atol=1e-6) and torch.equal(a2, assign)
+
+
+@pytest.mark.parametrize("layout", ["dc", "1cd", "11cd"])
+def test_orientation_comes_from_the_layout_not_the_shape(flash_dir, draft_clustering, layout):
+    # (d,c) in two dimensions or (c,d) in Embedl's four is a wrong layout, refused rather than guessed.
+    _, cents, _ = draft_clustering
+    stored = {"dc": cents.T, "1cd": cents[None], "11cd": cents[None, None]}[layout]
+    rewrite_assets(flash_dir, centroids=stored.contiguous().float())
+    with pytest.raises(ValueError, match="centroids"):
+        read_flash_checkpoint(flash_dir)
+
+
+def test_square_centroids_are_read_the_right_way(pair, tmp_path):
+    """c == d: only the layout can tell the orientation; the shape cannot."""
+    from lib import clustering as cl
+    W = pair[1].get_output_embeddings().weight.detach()
+    c = W.shape[1]                                                          # 32 clusters of 16 over d = 32
+    assign = cl.spherical_kmeans(W, c, 4, seed=0, equal=True, candidates=8, progress=False)
+    cents = cl.centroids_of(cl.unit(W.float()), assign, c)
+    pair[1].save_pretrained(tmp_path / "draft")
+    out = save_flash_checkpoint(tmp_path / "draft", tmp_path / "flash", cents, assign, 4, [])
+    _, c2, _ = read_flash_checkpoint(out)
+    assert c2.shape == (c, c) and torch.allclose(c2, cents, atol=1e-6)
+    assert not torch.allclose(c2, cents.T, atol=1e-3)
+
+
+def test_centroids_are_normalised_when_read(flash_dir, draft_clustering):
+    _, cents, _ = draft_clustering
+    scale = torch.linspace(0.5, 3.0, N_CLUSTERS)[:, None]
+    rewrite_assets(flash_dir, centroids=(cents * scale).T[None, None].contiguous().float())
+    _, c2, _ = read_flash_checkpoint(flash_dir)
+    assert torch.allclose(c2.norm(dim=-1), torch.ones(N_CLUSTERS), atol=1e-6)
+    assert torch.allclose(c2, cents.float(), atol=1e-6)
+
+
+def test_checkpoint_probes_used_when_the_profile_sets_none(flash_dir):
+    from dataclasses import replace
+    from lib.config import load_profile
+    p = load_profile("smoke")
+    p = replace(p, models=replace(p.models, source="pretrained", target="x", draft="x", flash_draft=str(flash_dir)),
+                clustering=replace(p.clustering, n_probes=None))
+    _, head = checkpoints.load_flash_draft(p)
+    assert head.n_probes == 4                                               # the checkpoint's n_probes
+    _, head = checkpoints.load_flash_draft(replace(p, clustering=replace(p.clustering, n_probes=7)))
+    assert head.n_probes == 7
 
 
 def test_read_missing_config(tmp_path):
@@ -224,8 +275,8 @@ def test_read_missing_flash_key(flash_dir, key):
 
 
 def test_read_missing_tensor(flash_dir):
-    t = models.load_file(str(flash_dir / ASSETS))
-    models.save_file({"centroids": t["centroids"]}, str(flash_dir / ASSETS))
+    t = checkpoints.load_file(str(flash_dir / ASSETS))
+    checkpoints.save_file({"centroids": t["centroids"]}, str(flash_dir / ASSETS))
     with pytest.raises(ValueError, match="cluster_assignments"):
         read_flash_checkpoint(flash_dir)
 

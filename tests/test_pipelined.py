@@ -3,7 +3,8 @@ the serial ordinary schedule: only the timing of the target append changes."""
 import pytest
 import torch
 
-from lib import heads, models, speculative as sp
+from lib import heads, speculative as sp
+from lib.engines import make_draft, make_target
 
 FIELDS = ("tokens", "rounds", "proposed", "accepted", "verify_calls", "append_calls", "skipped", "accepted_lengths")
 
@@ -13,8 +14,8 @@ def engines(pair, draft_clustering):
     target, draft = pair
     W, cents, assign = draft_clustering
     flash = heads.FlashHead(W, cents, assign, 2, [0])                      # few probes: differs from dense
-    mk = lambda head: sp.Draft(models.Runner(draft, 96), models.GraphedHead(head, W.shape[1], "cpu", W.dtype, False))
-    return sp.Target(models.Runner(target, 96)), {"dense": mk(heads.DenseHead(W)), "flash": mk(flash)}
+    mk = lambda head: make_draft(draft, head, 96)
+    return make_target(target, 96), {"dense": mk(heads.DenseHead(W)), "flash": mk(flash)}
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])

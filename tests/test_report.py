@@ -8,14 +8,17 @@ import torch
 
 import lib.bench
 import lib.speculative
-from lib import report, study
+from lib import costmodel, modes, report, runs, study
 from lib.heads import DenseHead, FlashHead
-from lib.models import GraphedHead, Runner
+from lib.engines import make_draft, make_target
+from lib.runner import Runner
 from lib.prompts import Prompt
 from lib.speculative import Draft, Target, generate_baseline, generate_speculative
 
 from conftest import DRAFT_D, N_CLUSTERS, SPECIAL_IDS, VOCAB
 
+THESIS_DRAFTS = ("dense", "flash", "dense_shared")
+MODES = [m for m in modes.LABELS if m in {modes.BASELINE} | {modes.name(d, s) for d in THESIS_DRAFTS for s in modes.SCHEDULES}]
 MAX_NEW = 16
 K = 4
 MAX_LEN = 40 + MAX_NEW + K + 8
@@ -32,8 +35,8 @@ def engines(pair, draft_clustering):
     W = draft_model.get_output_embeddings().weight
     _, cents, assign = draft_clustering
     heads = {"dense": DenseHead(W), "flash": FlashHead(W, cents, assign, 2, SPECIAL_IDS), "dense_shared": DenseHead(W)}
-    target = Target(Runner(target_model, MAX_LEN, graphs=False))
-    drafts = {k: Draft(Runner(draft_model, MAX_LEN, graphs=False), GraphedHead(h, DRAFT_D, "cpu", torch.float32, False))
+    target = make_target(target_model, MAX_LEN)
+    drafts = {k: make_draft(draft_model, h, MAX_LEN)
               for k, h in heads.items()}
     return target, drafts
 
@@ -43,11 +46,11 @@ def run_records(target, drafts, iterations: int = 1) -> list[dict]:
     recs = []
     for it in range(iterations):
         for prompt, ids in prompts():
-            recs.append(study.record(generate_baseline(target, ids, MAX_NEW), prompt, ids, it, "baseline", None))
-            for draft in study.DRAFTS:
+            recs.append(runs.record(generate_baseline(target, ids, MAX_NEW), prompt, ids, it, "baseline", None))
+            for draft in THESIS_DRAFTS:
                 for schedule in ("ordinary", "pipelined", "deferred"):
                     res = generate_speculative(target, drafts[draft], ids, MAX_NEW, K, schedule)
-                    recs.append(study.record(res, prompt, ids, it, draft, schedule))
+                    recs.append(runs.record(res, prompt, ids, it, draft, schedule))
     ref = {(r["iteration"], r["question_id"]): r["tokens"] for r in recs if r["mode"] == "baseline"}
     for r in recs:
         r["exact_match"] = r["tokens"] == ref[(r["iteration"], r["question_id"])]
@@ -79,16 +82,16 @@ def fake(mode: str, schedule: str, decode_tokens: int, decode_ms: float, accepte
 def test_record_has_the_study_keys(records):
     keys = {"mode", "draft", "schedule", "question_id", "group", "iteration", "prompt_tokens", "ttft_ms", "decode_ms",
             "decode_tokens", "rounds", "proposed", "accepted", "accepted_lengths", "verify_calls", "append_calls",
-            "skipped", "spans_ms", "model_call_ms", "tokens", "exact_match"}
+            "skipped", "stopped", "spans_ms", "model_call_ms", "tokens", "exact_match"}
     assert all(set(r) == keys for r in records)
-    assert {r["mode"] for r in records} == set(report.MODES)
+    assert {r["mode"] for r in records} == set(MODES)
     assert all(r["exact_match"] for r in records)
 
 
 def test_aggregate_definitions_on_real_records(records):
     agg = report.aggregate(report.records_frame(records))
-    assert list(agg.index) == report.MODES                          # fixed mode order
-    for mode in report.MODES:
+    assert list(agg.index) == MODES                                       # fixed mode order
+    for mode in MODES:
         rs = [r for r in records if r["mode"] == mode]
         row = agg.loc[mode]
         assert row.samples == len(rs) == 2
@@ -237,8 +240,8 @@ def fake_time(monkeypatch):
 
 def test_fake_clock_times_the_baseline(pair, fake_time):
     # Checks the fake clock itself: ttft is the prefill call, decode the max_new - 1 append calls.
-    target = Target(Runner(pair[0], MAX_LEN, graphs=False))
-    target.runner.greedy = fake_time.slow(target.runner.greedy, 0.010)
+    target = make_target(pair[0], MAX_LEN)
+    target.runner._run = fake_time.slow(target.runner._run, 0.010)
     prompt, ids = prompts()[0]
     res = generate_baseline(target, ids, MAX_NEW)
     assert res.ttft_ms == pytest.approx(10.0)
@@ -251,10 +254,10 @@ def test_fake_clock_times_the_baseline(pair, fake_time):
 # aggregate's engine_overhead_frac = 1 - model_call_ms / decode_ms is then understated (negative
 # here). If all decode time is model calls, the overhead must be 0.
 def test_engine_overhead_is_zero_when_baseline_time_is_all_model_calls(pair, fake_time):
-    target = Target(Runner(pair[0], MAX_LEN, graphs=False))
-    target.runner.greedy = fake_time.slow(target.runner.greedy, 0.010)
+    target = make_target(pair[0], MAX_LEN)
+    target.runner._run = fake_time.slow(target.runner._run, 0.010)
     prompt, ids = prompts()[0]
-    rec = study.record(generate_baseline(target, ids, MAX_NEW), prompt, ids, 0, "baseline", None)
+    rec = runs.record(generate_baseline(target, ids, MAX_NEW), prompt, ids, 0, "baseline", None)
     rec["exact_match"] = True
     assert rec["model_call_ms"] <= rec["decode_ms"] + 1e-9
     agg = report.aggregate(report.records_frame([rec]))
@@ -271,12 +274,12 @@ def test_engine_overhead_is_zero_when_speculative_time_is_all_model_calls(pair, 
     target, drafts = engines(pair, draft_clustering)
     draft = drafts["dense"]
     if slow == "target":
-        target.runner.greedy = fake_time.slow(target.runner.greedy, 0.010)
+        target.runner._run = fake_time.slow(target.runner._run, 0.010)
     else:
-        draft.runner.forward = fake_time.slow(draft.runner.forward, 0.001)
+        draft.runner._run = fake_time.slow(draft.runner._run, 0.001)
     prompt, ids = prompts()[1]
     res = generate_speculative(target, draft, ids, MAX_NEW, K, schedule)
-    rec = study.record(res, prompt, ids, 0, "dense", schedule)
+    rec = runs.record(res, prompt, ids, 0, "dense", schedule)
     rec["exact_match"] = True
     assert rec["model_call_ms"] == pytest.approx(rec["decode_ms"])
     assert report.aggregate(report.records_frame([rec])).iloc[0].engine_overhead_frac == pytest.approx(0.0, abs=1e-9)

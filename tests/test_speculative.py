@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from lib.heads import DenseHead, FlashHead
-from lib.models import GraphedHead, Runner
+from lib.engines import make_draft, make_target
+from lib.runner import Runner
 from lib.speculative import Draft, Result, Target, accepted_prefix, generate_baseline, generate_speculative
 
 from conftest import DRAFT_D, N_CLUSTERS, SPECIAL_IDS, TARGET_D, VOCAB
@@ -28,11 +29,11 @@ def heads(pair, draft_clustering):
 
 
 def target_of(pair) -> Target:
-    return Target(Runner(pair[0], MAX_LEN, graphs=False))
+    return make_target(pair[0], MAX_LEN)
 
 
 def draft_of(model, head, d: int) -> Draft:
-    return Draft(Runner(model, MAX_LEN, graphs=False), GraphedHead(head, d, "cpu", torch.float32, graphs=False))
+    return make_draft(model, head, MAX_LEN)
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +186,52 @@ def test_unknown_schedule(pair, heads):
 ])
 def test_accepted_prefix(proposed, predicted, want):
     assert accepted_prefix(proposed, predicted) == want
+
+
+# impossible requests are refused before any work
+
+@pytest.mark.parametrize("max_new,k,n,match", [(0, 2, 7, "max_new must be >= 1"), (8, 0, 7, "block length k must be >= 1"),
+                                               (8, 2, MAX_LEN, "cache positions")])
+def test_impossible_arguments_are_refused(pair, heads, max_new, k, n, match):
+    with pytest.raises(ValueError, match=match):
+        generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D), prompt_of(n), max_new, k,
+                             "ordinary")
+
+
+@pytest.mark.parametrize("max_new,n,match", [(0, 7, "max_new must be >= 1"), (8, MAX_LEN, "cache positions")])
+def test_baseline_refuses_impossible_arguments(pair, max_new, n, match):
+    with pytest.raises(ValueError, match=match):
+        generate_baseline(target_of(pair), prompt_of(n), max_new)
+
+
+def test_flash_head_refuses_more_probes_than_clusters(pair, draft_clustering):
+    W, cents, assign = draft_clustering
+    with pytest.raises(ValueError, match=f"n_probes must be in 1..{N_CLUSTERS}"):
+        FlashHead(W, cents, assign, N_CLUSTERS + 1)
+    with pytest.raises(ValueError, match="n_probes"):
+        FlashHead(W, cents, assign, 4).with_probes(0)
+
+
+# stopping at an end-of-sequence token: exactly where greedy decoding stops
+
+@pytest.mark.parametrize("head", ["dense", "flash_2"])
+@pytest.mark.parametrize("schedule", ["ordinary", "deferred", "pipelined"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_speculative_stops_where_greedy_stops(pair, heads, baselines, schedule, k, head):
+    base = baselines[30].tokens
+    for j in (0, 3, 9, MAX_NEW - 1):                                     # the stop token's first position
+        stop = frozenset({base[j]})
+        want = base[:base.index(base[j]) + 1]
+        greedy = generate_baseline(target_of(pair), prompt_of(30), MAX_NEW, stop)
+        res = generate_speculative(target_of(pair), draft_of(pair[1], heads[head], DRAFT_D), prompt_of(30),
+                                   MAX_NEW, k, schedule, stop)
+        assert greedy.tokens == want and res.tokens == want, f"stop at {j}"
+        assert res.stopped == greedy.stopped == True                      # noqa: E712
+        lens = res.accepted_lengths
+        assert res.decode_tokens == sum(a + 1 for a in lens) and res.accepted == sum(lens)
+
+
+def test_no_stop_token_runs_to_max_new(pair, heads, baselines):
+    res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D), prompt_of(30),
+                               MAX_NEW, 4, "ordinary", frozenset({VOCAB + 5}))
+    assert res.tokens == baselines[30].tokens and not res.stopped

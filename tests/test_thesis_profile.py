@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib import models
+from lib import checkpoints
 from lib.config import load_profile
 from lib.heads import DenseHead, FlashHead
-from lib.models import GraphedHead, Runner, read_flash_checkpoint
+from lib.checkpoints import read_flash_checkpoint
+from lib.engines import make_draft, make_target
+from lib.runner import Runner
 from lib.speculative import Draft, Target, generate_baseline, generate_speculative
 
 import fixtures_thesis as fx
@@ -49,7 +51,7 @@ def test_thesis_profile_loads_and_validates():
     assert (c.n_clusters, c.n_probes, c.iterations, c.candidates, c.top_k, c.compare_shipped) == (9496, 256, 10, 32, 5, True)
     assert c.probe_sweep == [16, 32, 64, 128, 256, 512]
     assert (p.decode.k, p.decode.max_new_tokens, p.decode.max_prompt_tokens) == (6, 64, 1024)
-    assert (p.prompts.file, p.prompts.per_group) == ("data/spec_bench/question.jsonl", 2)
+    assert (p.prompts.file, p.prompts.per_group) == ("spec_bench", 2)                   # data/spec_bench/question.jsonl
     assert (p.bench.warmup, p.bench.iters, p.bench.e2e_warmup, p.bench.e2e_iters) == (20, 200, 1, 1)
     assert p.flash_dir == Path("embedl/Qwen3-0.6B-FlashHead")
 
@@ -57,7 +59,7 @@ def test_thesis_profile_loads_and_validates():
 def test_check_pretrained_names_every_missing_model(monkeypatch, tmp_path):
     empty_hub(monkeypatch, tmp_path)
     with pytest.raises(FileNotFoundError) as e:
-        models.check_pretrained_available(load_profile("thesis"))
+        checkpoints.check_pretrained_available(load_profile("thesis"))
     msg = str(e.value)
     for name in THESIS_MODELS:
         assert name in msg
@@ -70,21 +72,21 @@ def test_check_pretrained_names_missing_local_directories(tmp_path):
     gone = str(tmp_path / "nowhere" / "target")
     p = replace(p, models=replace(p.models, target=gone))
     with pytest.raises(FileNotFoundError, match="no model directory") as e:
-        models.check_pretrained_available(p)
+        checkpoints.check_pretrained_available(p)
     assert gone in str(e.value) and "Qwen/Qwen3-0.6B" in str(e.value)
 
 
 def test_missing_hub_model_is_a_clear_error(monkeypatch, tmp_path):
     empty_hub(monkeypatch, tmp_path)
     with pytest.raises(FileNotFoundError, match="hf download Qwen/Qwen3-0.6B"):
-        models.load_model("Qwen/Qwen3-0.6B", "float32", "cpu")
+        checkpoints.load_model("Qwen/Qwen3-0.6B", "float32", "cpu")
     with pytest.raises(FileNotFoundError, match="local Hugging Face cache"):
         read_flash_checkpoint("embedl/Qwen3-0.6B-FlashHead")
 
 
 def test_gpu_only_awq_backend_refused_on_cpu():
     with pytest.raises(ValueError, match="needs a CUDA device"):
-        models.awq_config({"quant_method": "awq", "bits": 4}, "marlin", "cpu")
+        checkpoints.awq_config({"quant_method": "awq", "bits": 4}, "marlin", "cpu")
 
 
 # ---------------------------------------------------------------- the three formats, loaded through the profile
@@ -114,8 +116,8 @@ def loaded(profile):
         mp.setenv("HF_HUB_OFFLINE", "1")
         for k in ENV_KEYS:
             mp.delenv(k, raising=False)
-        models.check_pretrained_available(profile)                       # all three present: no error
-        target = models.load_target(profile)
+        checkpoints.check_pretrained_available(profile)                       # all three present: no error
+        target = checkpoints.load_target(profile)
         env_after = {k: os.environ.get(k) for k in ENV_KEYS}
     return dict(target=target, env_after=env_after)
 
@@ -125,8 +127,8 @@ def drafts(profile):
     """The dense draft (load_draft) and the FlashHead draft (load_flash_draft): no gptqmodel needed."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
-        draft = models.load_draft(profile)
-        flash, head = models.load_flash_draft(profile)
+        draft = checkpoints.load_draft(profile)
+        flash, head = checkpoints.load_flash_draft(profile)
     return dict(draft=draft, flash=flash, head=head)
 
 
@@ -205,7 +207,7 @@ def test_older_flash_model_type_loads_as_qwen3(profile, ckpts, tmp_path):
     cfg = json.loads((d / "config.json").read_text())
     cfg["model_type"] = "flash_head_qwen3"                              # unknown to AutoConfig without remote code
     (d / "config.json").write_text(json.dumps(cfg))
-    model, head = models.load_flash_draft(replace(profile, models=replace(profile.models, flash_draft=str(d))))
+    model, head = checkpoints.load_flash_draft(replace(profile, models=replace(profile.models, flash_draft=str(d))))
     assert type(model).__name__ == "Qwen3ForCausalLM" and head.n_clusters == fx.N_CLUSTERS
 
 
@@ -223,15 +225,15 @@ def test_hub_ids_load_from_the_local_cache(monkeypatch, tmp_path, ckpts, profile
     hub = empty_hub(monkeypatch, tmp_path)
     snap = cache_repo(hub, "fixture/tiny-draft", ckpts["draft"])
     cache_repo(hub, "fixture/tiny-draft-flashhead", ckpts["flash_draft"])
-    assert models.is_available("fixture/tiny-draft") and not models.is_available("fixture/absent")
-    assert models.resolve_model_dir("fixture/tiny-draft") == snap
+    assert checkpoints.is_available("fixture/tiny-draft") and not checkpoints.is_available("fixture/absent")
+    assert checkpoints.resolve_model_dir("fixture/tiny-draft") == snap
     p = replace(profile, models=replace(profile.models, draft="fixture/tiny-draft",
                                         flash_draft="fixture/tiny-draft-flashhead"))
-    models.check_pretrained_available(p)                               # target: local dir; drafts: cached hub ids
+    checkpoints.check_pretrained_available(p)                               # target: local dir; drafts: cached hub ids
     cfg, _, assign = read_flash_checkpoint(p.flash_dir)               # notebook 01 reads the hub id like this
     assert cfg["n_clusters"] == fx.N_CLUSTERS and assign.numel() == fx.VOCAB
-    draft = models.load_draft(p)
-    flash, head = models.load_flash_draft(p)
+    draft = checkpoints.load_draft(p)
+    flash, head = checkpoints.load_flash_draft(p)
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         assert torch.equal(draft(ids).logits, drafts["draft"](ids).logits)
@@ -243,11 +245,11 @@ def test_hub_ids_load_from_the_local_cache(monkeypatch, tmp_path, ckpts, profile
 
 def corrupt(ckpts, tmp_path, what: str) -> Path:
     d = shutil.copytree(ckpts["flash_draft"], tmp_path / f"flash-{what}")
-    t = models.load_file(str(d / ASSETS))
+    t = checkpoints.load_file(str(d / ASSETS))
     if what == "unequal":
         a = t["cluster_assignments"].clone()
         a[0] = (a[0] + 1) % fx.N_CLUSTERS
-        models.save_file({"centroids": t["centroids"], "cluster_assignments": a}, str(d / ASSETS))
+        checkpoints.save_file({"centroids": t["centroids"], "cluster_assignments": a}, str(d / ASSETS))
     elif what == "vocab":
         cfg = json.loads((d / "config.json").read_text())
         cfg["vocab_size"] = 2 * fx.VOCAB
@@ -278,10 +280,10 @@ def test_speculative_with_awq_target_and_flash_draft_equals_baseline(loaded, dra
     prompt = tok("Write a short story about a robot learning to paint.")["input_ids"][:16]
     max_new, k = 24, profile.decode.k
     n = len(prompt) + max_new + k + 8
-    target = Target(Runner(loaded["target"], n))
+    target = make_target(loaded["target"], n)
     flash, head = drafts["flash"], drafts["head"]
     W = flash.get_output_embeddings().weight
-    draft = Draft(Runner(flash, n), GraphedHead(head, W.shape[1], W.device, W.dtype, graphs=False))
+    draft = make_draft(flash, head, n)
     base = generate_baseline(target, prompt, max_new)
     spec = generate_speculative(target, draft, prompt, max_new, k, schedule)
     assert spec.tokens == base.tokens and len(base.tokens) == max_new
@@ -293,7 +295,7 @@ def test_notebook01_compares_with_the_shipped_clustering(profile, monkeypatch, t
     checkpoint's own clustering (objectives, ARI/NMI agreement, containment of each)."""
     from lib import config, study
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(config, "ROOT", tmp_path)                         # outputs/ under tmp_path
+    monkeypatch.setenv("STUDY_OUTPUTS", str(tmp_path / "outputs"))        # outputs/ under tmp_path
     p = replace(profile, prompts=replace(profile.prompts, file="builtin", per_group=1),
                 clustering=replace(profile.clustering, iterations=3))
     res = study.recluster(p, progress=False)

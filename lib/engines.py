@@ -1,0 +1,115 @@
+"""The one engine builder: a profile's target and drafts as runners and heads, with the profile's
+CUDA-graph and compile policy decided here and nowhere else, and one clock shared by all of them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import checkpoints
+from .bench import Clock
+from .config import Profile
+from .heads import DenseHead, GraphedHead
+from .modes import BASELINE
+from .runner import Runner
+from .speculative import Draft, Target
+
+
+@dataclass(frozen=True)
+class Acceleration:
+    """What a model's calls are built with: CUDA graphs (ignored on a CPU) and torch.compile of the layer."""
+    graphs: bool = False
+    compile: bool = False
+
+    @staticmethod
+    def of(profile: Profile, role: str) -> "Acceleration":
+        """The profile's policy for role 'draft' or 'target': compile only on CUDA devices."""
+        cuda = torch.device(getattr(profile, f"{role}_device")).type == "cuda"
+        compile = cuda and getattr(profile.bench, f"compile_{role}")
+        if compile:
+            allow_recompiles()
+        return Acceleration(profile.bench.cuda_graphs, compile)
+
+
+def allow_recompiles() -> None:
+    """One compiled layer function serves every layer and call length: raise dynamo's recompile limits."""
+    cfg = torch._dynamo.config
+    cfg.cache_size_limit = max(cfg.cache_size_limit, 64)
+    cfg.accumulated_cache_size_limit = max(cfg.accumulated_cache_size_limit, 512)
+
+
+def cache_len(profile: Profile) -> int:
+    """KV-cache positions a generation of this profile can need (with room for one block)."""
+    d = profile.decode
+    return d.max_prompt_tokens + d.max_new_tokens + d.k + 8
+
+
+def make_target(model, max_len: int, accel: Acceleration = Acceleration(), clock=None) -> Target:
+    clock = clock or Clock(model.get_output_embeddings().weight.device)
+    return Target(Runner(model, max_len, accel.graphs, accel.compile, role="target", clock=clock))
+
+
+def make_draft(model, head, max_len: int, accel: Acceleration = Acceleration(), clock=None,
+               n_layers: int | None = None) -> Draft:
+    """A draft engine: `model`'s body (its first n_layers if given) and `head` (DenseHead or FlashHead)."""
+    clock = clock or Clock(model.get_output_embeddings().weight.device)
+    runner = Runner(model, max_len, accel.graphs, accel.compile, role="draft", n_layers=n_layers, clock=clock)
+    return Draft(runner, GraphedHead(head, accel.graphs, clock))
+
+
+def build_drafts(profile: Profile, which, clock=None, model=None) -> dict[str, Draft]:
+    """Draft engines named in `which`: dense (dense checkpoint + dense head), flash (FlashHead checkpoint
+    body + FlashHead), dense_shared (FlashHead checkpoint body + its dense head). gguf profiles: see
+    gguf_drafts (`model`, the loaded target, is shared when given)."""
+    accel, n = Acceleration.of(profile, "draft"), cache_len(profile)
+    if profile.models.source == "gguf":
+        return gguf_drafts(profile, which, accel, n, clock, model)
+    out = {}
+    if "dense" in which:
+        m = checkpoints.load_draft(profile)
+        out["dense"] = make_draft(m, DenseHead(m.get_output_embeddings().weight), n, accel, clock)
+    if {"flash", "dense_shared"} & set(which):
+        m, fh = checkpoints.load_flash_draft(profile)
+        runner = make_draft(m, fh, n, accel, clock).runner                   # one body for both heads
+        for name, head in (("flash", fh), ("dense_shared", DenseHead(m.get_output_embeddings().weight))):
+            if name in which:
+                out[name] = Draft(runner, GraphedHead(head, accel.graphs, runner.clock))
+    return out
+
+
+def gguf_drafts(profile: Profile, which, accel: Acceleration, n: int, clock=None, model=None) -> dict[str, Draft]:
+    """Drafts from the one checkpoint of a gguf profile, all on one loaded model (the target's when given
+    and on the draft device): dense and flash share one early-exit runner (the first exit_layer layers)
+    with the dense head or FlashHead; flash_full runs the full depth with FlashHead. Every runner keeps
+    its own KV cache, so none disturbs the target's."""
+    dev = torch.device(profile.draft_device)
+    if model is None or model.get_output_embeddings().weight.device != dev:
+        model = checkpoints.load_draft(profile)
+    depth = model.config.num_hidden_layers
+    exit_layer = profile.models.exit_layer
+    if not 1 <= exit_layer < depth:
+        raise ValueError(f"{profile.name}: models.exit_layer is {exit_layer}, the model has {depth} layers (use 1..{depth - 1})")
+    W = model.get_output_embeddings().weight
+    fh = checkpoints.load_flash_head(profile, W) if {"flash", "flash_full"} & set(which) else None
+    out = {}
+    if {"dense", "flash"} & set(which):
+        runner = make_draft(model, DenseHead(W), n, accel, clock, n_layers=exit_layer).runner
+        for name, head in (("dense", DenseHead(W)), ("flash", fh)):
+            if name in which:
+                out[name] = Draft(runner, GraphedHead(head, accel.graphs, runner.clock))
+    if "flash_full" in which:
+        out["flash_full"] = make_draft(model, fh, n, accel, clock)
+    return out
+
+
+def build_target(profile: Profile, model=None, clock=None) -> Target:
+    model = model if model is not None else checkpoints.load_target(profile)
+    return make_target(model, cache_len(profile), Acceleration.of(profile, "target"), clock)
+
+
+def build_engines(profile: Profile, which=None, target_model=None) -> tuple[Target, dict[str, Draft]]:
+    """The target and the drafts `which` (default: the profile's), sharing one clock."""
+    which = [m for m in (which or profile.decode.modes) if m != BASELINE]
+    target = build_target(profile, target_model)
+    drafts = build_drafts(profile, which, target.runner.clock, target.runner.model)
+    return target, drafts

@@ -1,0 +1,233 @@
+"""Run management for notebook 03: run directories (config.json beside samples.jsonl, DONE when finished),
+resume, Slurm shards, per-sample records, and the profile's JSON result files."""
+from __future__ import annotations
+
+import json
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tqdm import tqdm
+
+from . import modes
+from .config import ROOT, Profile, as_dict
+from .speculative import Result, generate_baseline, generate_speculative
+
+
+# ---------------------------------------------------------------- result files of a profile
+
+def save_json(profile: Profile, name: str, data: dict) -> Path:
+    path = profile.out_dir / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=float))
+    return path
+
+
+def read_json(profile: Profile, name: str) -> dict:
+    path = profile.out_dir / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run the earlier notebooks for profile {profile.name!r} first")
+    return json.loads(path.read_text())
+
+
+def git_commit() -> str:
+    """The checkout's commit, with '+dirty' when tracked files differ from it ('unknown' outside git)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+# ---------------------------------------------------------------- run directories
+
+def new_run(out_dir: Path, config: dict, name: str = "e2e") -> Path:
+    """A fresh run directory outputs/<profile>/runs/<name>-<UTC time>/ with config.json beside the records."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    run = Path(out_dir) / "runs" / f"{name}-{stamp}"
+    i = 1
+    while run.exists():                                                # never reuse a directory
+        run = run.with_name(f"{name}-{stamp}-{i}")
+        i += 1
+    run.mkdir(parents=True)
+    config = {**config, "started": now(), "commit": git_commit()}
+    (run / "config.json").write_text(json.dumps(config, indent=1, default=str))
+    return run
+
+
+def finished(run: Path) -> bool:
+    return (run / "DONE").exists()
+
+
+def mark_finished(run: Path) -> None:
+    (run / "DONE").write_text(json.dumps({"finished": now(), "commit": git_commit()}))
+
+
+def finish_time(run: Path) -> str:
+    """When the run finished, from its DONE file (ISO time; older runs wrote the bare time)."""
+    text = (run / "DONE").read_text().strip()
+    return json.loads(text)["finished"] if text.startswith("{") else text
+
+
+def run_order_key(run: Path) -> tuple[str, int]:
+    """Start order of runs: the UTC stamp in the name, then the same-second suffix as a number."""
+    stamp, _, suffix = run.name.split("-", 1)[1].partition("-")
+    return stamp, int(suffix or 0)
+
+
+def runs_of(out_dir: Path, name: str = "e2e") -> list[Path]:
+    """Run directories of that name, in the order they were started."""
+    return sorted((p for p in (Path(out_dir) / "runs").glob(f"{name}-*") if (p / "config.json").exists()),
+                  key=run_order_key)
+
+
+def latest_run(out_dir: Path, name: str = "e2e") -> Path:
+    """The finished run that finished last (by the time written in DONE, not file times)."""
+    runs = [p for p in runs_of(out_dir, name) if finished(p)]
+    if not runs:
+        raise FileNotFoundError(f"no finished {name} run under {out_dir}/runs: run notebook 03 first")
+    return max(runs, key=lambda p: (finish_time(p), run_order_key(p)))
+
+
+def run_config(profile: Profile, prompt_ids: list[int], device: dict) -> dict:
+    return {"profile": as_dict(profile), "device": device, "prompts": prompt_ids}
+
+
+def resumable_run(out_dir: Path, config: dict) -> Path | None:
+    """The latest unfinished run whose profile, devices and prompts equal `config`'s, if any."""
+    keys = ("profile", "device", "prompts")
+    same = [p for p in runs_of(out_dir) if not finished(p) and
+            {k: json.loads((p / "config.json").read_text()).get(k) for k in keys} == {k: config[k] for k in keys}]
+    return same[-1] if same else None
+
+
+def start_or_resume(profile: Profile, config: dict, fresh: bool = False) -> tuple[Path, bool]:
+    """(run directory, resumed?): the latest unfinished run of the same configuration unless fresh."""
+    run = None if fresh else resumable_run(profile.out_dir, json.loads(json.dumps(config, default=str)))
+    if run is not None:                                                # the run records each time it is resumed
+        cfg = json.loads((run / "config.json").read_text())
+        cfg.setdefault("resumed", []).append({"at": now(), "commit": git_commit(), "samples": len(read_records(run))})
+        (run / "config.json").write_text(json.dumps(cfg, indent=1, default=str))
+        return run, True
+    return new_run(profile.out_dir, config), False
+
+
+def read_records(run: Path) -> list[dict]:
+    """All records of a run: samples.jsonl plus any shard files not merged yet."""
+    return [json.loads(line) for path in sorted(Path(run).glob("samples*.jsonl")) if path.is_file()
+            for line in path.read_text().splitlines() if line.strip()]
+
+
+def append_record(run: Path, record: dict, shard: tuple[int, int] = (0, 1)) -> None:
+    """Append one sample; shards of an array each write their own file (no concurrent appends)."""
+    if finished(run):
+        raise RuntimeError(f"{run} is a finished run; start a new one instead of adding to it")
+    name = "samples.jsonl" if shard[1] == 1 else f"samples.shard{shard[0]:03d}of{shard[1]:03d}.jsonl"
+    with open(Path(run) / name, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def merge_records(run: Path, records: list[dict]) -> None:
+    """Write the one results set samples.jsonl and drop the shard files it now holds."""
+    tmp = Path(run) / "samples.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    for path in Path(run).glob("samples.shard*.jsonl"):
+        path.unlink()
+    tmp.replace(Path(run) / "samples.jsonl")
+
+
+def finish_run(run: Path) -> list[dict]:
+    """Mark exact matches against the baseline's greedy output, then close the run."""
+    recs = read_records(run)
+    ref = {(r["iteration"], r["question_id"]): r["tokens"] for r in recs if r["mode"] == modes.BASELINE}
+    for r in recs:
+        r["exact_match"] = r["tokens"] == ref.get((r["iteration"], r["question_id"]))
+    merge_records(run, recs)
+    mark_finished(run)
+    return recs
+
+
+# ---------------------------------------------------------------- samples
+
+def sample_keys(profile: Profile, n_prompts: int) -> list[tuple[int, int, str, str | None]]:
+    """(iteration, prompt index, draft, schedule) in run order; the mode order rotates per sample."""
+    order = modes.run_order(profile.decode.modes, profile.decode.schedules)
+    keys = []
+    for it in range(profile.bench.e2e_iters):
+        for i in range(n_prompts):
+            r = (it * n_prompts + i) % len(order)
+            keys += [(it, i, *m) for m in order[r:] + order[:r]]
+    return keys
+
+
+def pending_keys(profile: Profile, run: Path, question_ids: list[int], shard: tuple[int, int] = (0, 1)) -> list:
+    """Sample keys of this shard (every n-th prompt from i) that the run has no record of yet."""
+    done = {(r["iteration"], r["question_id"], r["mode"]) for r in read_records(run)}
+    return [k for k in sample_keys(profile, len(question_ids)) if k[1] % shard[1] == shard[0]
+            and (k[0], question_ids[k[1]], modes.name(*k[2:])) not in done]
+
+
+def generate(target, drafts: dict, profile: Profile, ids: list[int], draft: str, schedule: str | None,
+             stop: frozenset = frozenset()) -> Result:
+    """One sample of one mode."""
+    d = profile.decode
+    if draft == modes.BASELINE:
+        return generate_baseline(target, ids, d.max_new_tokens, stop)
+    return generate_speculative(target, drafts[draft], ids, d.max_new_tokens, d.k, schedule, stop)
+
+
+def record(res: Result, prompt, ids: list[int], it: int, draft: str, schedule: str | None) -> dict:
+    """The raw per-sample record written to samples.jsonl."""
+    spans = res.spans_ms
+    calls = sum(v for k, v in spans.items() if k.startswith("call_"))          # model and head calls
+    return {
+        "mode": modes.name(draft, schedule), "draft": draft, "schedule": schedule or modes.BASELINE,
+        "question_id": prompt.question_id, "group": prompt.group, "iteration": it, "prompt_tokens": len(ids),
+        "ttft_ms": res.ttft_ms, "decode_ms": res.decode_ms, "decode_tokens": res.decode_tokens,
+        "rounds": res.rounds, "proposed": res.proposed, "accepted": res.accepted,
+        "accepted_lengths": res.accepted_lengths, "verify_calls": res.verify_calls,
+        "append_calls": res.append_calls, "skipped": res.skipped, "stopped": res.stopped, "spans_ms": spans,
+        "model_call_ms": calls, "tokens": res.tokens,
+    }
+
+
+def run_samples(profile: Profile, run: Path, target, drafts: dict, enc: list, keys: list, stop: frozenset,
+                shard: tuple[int, int] = (0, 1), progress: bool = True) -> None:
+    """Warm every mode up on the first prompt (not recorded), then run and append each pending sample."""
+    for draft, schedule in modes.run_order(profile.decode.modes, profile.decode.schedules):
+        for _ in range(profile.bench.e2e_warmup):
+            generate(target, drafts, profile, enc[0][1], draft, schedule, stop)
+    for it, i, draft, schedule in tqdm(keys, desc=f"e2e {profile.name}", disable=not progress):
+        prompt, ids = enc[i]
+        res = generate(target, drafts, profile, ids, draft, schedule, stop)
+        append_record(run, record(res, prompt, ids, it, draft, schedule), shard=shard)
+
+
+def launch_slurm(profile: Profile, run: Path, question_ids: list[int], shard_fn, cluster: str) -> None:
+    """Run shard_fn(profile, run, shard) for every shard with pending samples, as a Slurm array through
+    submitit (cluster 'local' runs the same shards as local processes, for testing). Failed shards are
+    reported with their logs; finished samples stay in the run, so calling again resumes."""
+    import submitit
+    c = profile.slurm
+    n = min(c.shards, len(question_ids))
+    shards = [(i, n) for i in range(n) if pending_keys(profile, run, question_ids, (i, n))]
+    ex = submitit.AutoExecutor(folder=run / "logs" / "%j", cluster=cluster)
+    ex.update_parameters(timeout_min=c.timeout_min, gpus_per_node=c.gpus_per_task, slurm_array_parallelism=n,
+                         **({"slurm_partition": c.partition} if c.partition and cluster == "slurm" else {}))
+    jobs = ex.map_array(shard_fn, [profile] * len(shards), [run] * len(shards), shards)
+    failed = []
+    for shard, job in zip(shards, tqdm(jobs, desc="shards")):
+        try:
+            job.result()
+        except Exception as e:                                                     # noqa: BLE001 - reported below
+            lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln] or [repr(e)]
+            failed.append(f"shard {shard[0]}/{n} (job {job.job_id}): {lines[-1]}; log: {job.paths.stderr}")
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(shards)} shards failed; finished samples are kept in {run}. "
+                           "Run notebook 03 again (or make reproduce) to resume.\n" + "\n".join(failed))

@@ -1,0 +1,178 @@
+"""The notebook driver behind `make reproduce` (notebooks/run.py) and notebooks/tidy.py, on tiny notebooks
+and a fake repository layout under tmp_path (a few seconds: each executed notebook starts a kernel)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("study_driver", ROOT / "notebooks" / "run.py")
+driver = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(driver)
+from tidy import tidy  # noqa: E402 - notebooks/ is on sys.path once the driver is loaded
+
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def notebook(path: Path, *cells: str) -> Path:
+    """A notebook with the study's parameters cell followed by `cells`."""
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('profile = "smoke"\nlauncher = "local"\nfresh = False')
+    params.metadata.tags = ["parameters"]
+    nb.cells = [params] + [nbformat.v4.new_code_cell(src) for src in cells]
+    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A fake checkout: params/p.yaml, lib/a.py and notebooks/; outputs under tmp_path/out."""
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "p.yaml").write_text("seed: 0\n")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "a.py").write_text("x = 1\n")
+    monkeypatch.setenv("STUDY_OUTPUTS", str(tmp_path / "out"))
+    for key in driver.QUIET_ENV:                 # run_all sets these for its kernels; undone after the test
+        monkeypatch.setenv(key, "")
+    return tmp_path
+
+
+def stamped(repo: Path, names: list[str]) -> dict:
+    """Pretend each notebook ran: executed notebook and stamp; returns the dependencies per name."""
+    out = repo / "out" / "p"
+    out.mkdir(parents=True, exist_ok=True)
+    deps = {}
+    for i, name in enumerate(names):
+        (out / f"{name}.ipynb").write_text("{}")
+        deps[name] = driver.dependencies(repo, "p", repo / "notebooks" / f"{name}.ipynb", out, names[:i])
+        driver.write_stamp(out, name, deps[name])
+    return deps
+
+
+def up_to_date_by_name(repo: Path, names: list[str]) -> dict[str, bool]:
+    out = repo / "out" / "p"
+    return {name: driver.up_to_date(out, name, driver.dependencies(repo, "p", repo / "notebooks" / f"{name}.ipynb",
+                                                                    out, names[:i]))
+            for i, name in enumerate(names)}
+
+
+NAMES = ["01_a", "02_b", "03_c"]
+
+
+@pytest.fixture
+def ran(repo):
+    for name in NAMES:
+        notebook(repo / "notebooks" / f"{name}.ipynb", f"print({name!r})")
+    stamped(repo, NAMES)
+    assert up_to_date_by_name(repo, NAMES) == dict.fromkeys(NAMES, True)
+    return repo
+
+
+@pytest.mark.parametrize("change", ["params/p.yaml", "lib/a.py", "lib/new.py"])
+def test_profile_or_lib_change_makes_every_notebook_stale(ran, change):
+    (ran / change).write_text("changed\n")
+    assert up_to_date_by_name(ran, NAMES) == dict.fromkeys(NAMES, False)
+
+
+def test_notebook_change_makes_it_and_later_ones_stale_only_after_it_reruns(ran):
+    notebook(ran / "notebooks" / "02_b.ipynb", "print('edited')")
+    assert up_to_date_by_name(ran, NAMES) == {"01_a": True, "02_b": False, "03_c": True}
+    stamped(ran, ["01_a", "02_b"])                # 01 and 02 rerun (01 again: its stamp changes too)
+    assert up_to_date_by_name(ran, NAMES) == {"01_a": True, "02_b": True, "03_c": False}
+
+
+def test_rerun_of_an_earlier_notebook_makes_later_ones_stale(ran):
+    out = ran / "out" / "p"
+    driver.write_stamp(out, "01_a", driver.dependencies(ran, "p", ran / "notebooks" / "01_a.ipynb", out, []))
+    assert up_to_date_by_name(ran, NAMES) == {"01_a": True, "02_b": False, "03_c": False}
+
+
+def test_missing_executed_notebook_or_stamp_is_stale(ran):
+    (ran / "out" / "p" / "01_a.ipynb").unlink()
+    (ran / "out" / "p" / ".stamps" / "03_c.json").unlink()
+    assert up_to_date_by_name(ran, NAMES) == {"01_a": False, "02_b": True, "03_c": False}   # 02 waits for 01's rerun
+
+
+def test_run_all_executes_then_skips_then_fresh_reruns(repo, capsys):
+    notebook(repo / "notebooks" / "01_ok.ipynb", "print('fresh is', fresh)")
+    notebook(repo / "notebooks" / "02_ok.ipynb", "print(profile, launcher)")
+    out = repo / "out" / "p"
+    assert driver.run_all("p", "local", fresh=False, root=repo) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(":")[0] for ln in lines[:2]] == ["01_ok", "02_ok"] and "done in" in lines[0]
+    assert lines[-1] == f"results in {driver.shown(out)}/"
+    assert sorted(p.name for p in out.iterdir()) == [".stamps", "01_ok.ipynb", "02_ok.ipynb"]
+    assert "fresh is False" in (out / "01_ok.ipynb").read_text()
+    assert "p local" in (out / "02_ok.ipynb").read_text()
+
+    assert driver.run_all("p", "local", fresh=False, root=repo) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == ["01_ok: up to date, skipped", "02_ok: up to date, skipped"]
+
+    assert driver.run_all("p", "local", fresh=True, root=repo) == 0
+    assert "up to date" not in capsys.readouterr().out
+    assert "fresh is True" in (out / "01_ok.ipynb").read_text()
+
+
+def test_failure_keeps_previous_notebook_and_prints_the_error_in_two_lines(repo, capsys):
+    notebook(repo / "notebooks" / "01_fail.ipynb", "x = 1", "raise ValueError('no such thing\\nsecond line')")
+    out = repo / "out" / "p"
+    out.mkdir(parents=True)
+    (out / "01_fail.ipynb").write_text("previous results")
+    assert driver.run_all("p", "local", fresh=False, root=repo) == 1
+    lines = capsys.readouterr().out.splitlines()
+    failed = out / "01_fail.failed.ipynb"
+    assert lines[-2:] == ["ValueError: no such thing", driver.shown(failed)]
+    assert lines[0].startswith("01_fail: running ... failed after")
+    assert len(lines) == 3
+    assert (out / "01_fail.ipynb").read_text() == "previous results"
+    assert failed.exists() and not (out / "01_fail.running.ipynb").exists()
+    assert not driver.stamp_path(out, "01_fail").exists()
+    nb = nbformat.read(failed, as_version=4)
+    assert any(o.get("ename") == "ValueError" for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def test_preflight_failure_stops_before_any_output(repo, monkeypatch, capsys):
+    monkeypatch.setattr(driver, "PREFLIGHT", [sys.executable, "-c",
+                                              "import sys; print('error: no GPU for', sys.argv[1]); sys.exit(2)"])
+    with pytest.raises(SystemExit) as e:
+        driver.main(["p"])
+    assert e.value.code == 2
+    assert capsys.readouterr().out == "error: no GPU for p\n"
+    assert not (repo / "out").exists()
+
+
+def test_preflight_is_lib_preflight_and_rejects_an_unknown_profile(repo, capsys):
+    assert driver.PREFLIGHT[1:] == ["-m", "lib.preflight"]
+    with pytest.raises(SystemExit) as e:
+        driver.main(["no_such_profile"])
+    assert e.value.code == 2
+    out = capsys.readouterr().out
+    assert out.startswith("error:") and out.count("\n") == 1
+    assert not (repo / "out").exists()
+
+
+def test_tidy_drops_widget_state_and_timing_keeps_outputs_of_executed_notebooks(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata.widgets = {"application/vnd.jupyter.widget-state+json": {"state": {"abc123": {}}}}
+    nb.metadata.papermill = {"duration": 1.0}
+    cell = nbformat.v4.new_code_cell("work()")
+    cell.metadata.papermill = {"duration": 1.0}
+    cell.metadata.execution = {"iopub.status.busy": "2026-01-01T00:00:00Z"}
+    cell.outputs = [nbformat.v4.new_output("display_data", data={WIDGET: {"model_id": "abc123"}, "text/plain": "bar"}),
+                    nbformat.v4.new_output("stream", name="stderr", text="a warning\n"),
+                    nbformat.v4.new_output("stream", name="stdout", text="result\n")]
+    nb.cells = [cell]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+
+    tidy(path, keep_outputs=True)
+    text = path.read_text()
+    assert "abc123" not in text and "widget" not in text and "papermill" not in text and "iopub" not in text
+    assert [o.get("name") for o in nbformat.read(path, as_version=4).cells[0].outputs] == ["stderr", "stdout"]
+
+    tidy(path)                                                 # committed nbval references: no stderr either
+    assert [o.get("name") for o in nbformat.read(path, as_version=4).cells[0].outputs] == ["stdout"]

@@ -1,0 +1,136 @@
+"""The Triton heads (lib/kernels.py) against torch references, on the CPU under Triton's interpreter.
+
+Small-integer weights make every fp32 dot product exact, so any summation order gives the same scores
+and ties are common: the tie rules (smaller cluster id, smaller token id) are tested exactly.
+Skipped where Triton is not installed (CI)."""
+import os
+import sys
+
+import pytest
+import torch
+
+# The interpreter is chosen when triton is first imported (triton.language decorates its helpers then)
+# and is read again lazily while kernels run, so the variable stays set while this module's tests run.
+_old = os.environ.get("TRITON_INTERPRET")
+if "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1" or "lib.kernels" in sys.modules:
+    pytest.skip("triton or lib.kernels was imported without TRITON_INTERPRET=1: run this file alone",
+                allow_module_level=True)
+import lib.kernels as K  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _restore_env():
+    yield
+    if _old is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _old
+
+
+def ints(g, *shape, lo=-2, hi=2):
+    return torch.randint(lo, hi + 1, shape, generator=g).float()
+
+
+def problem(seed, c=37, b=4, d=24, specials=(3, 70)):
+    """Integer W (V,d), centroids (c,d), c2t_ext (c+1,b) from a random equal-size assignment."""
+    g = torch.Generator().manual_seed(seed)
+    V = c * b
+    W, cents = ints(g, V, d), ints(g, c, d)
+    c2t = torch.randperm(V, generator=g).view(c, b)
+    spec = torch.full((b,), -1, dtype=torch.long)
+    spec[:len(specials)] = torch.tensor(specials)
+    return g, W, cents, torch.cat([c2t, spec[None]]).contiguous()
+
+
+def flash_ref(h, W, cents, c2t_ext, p):
+    """The documented rule in float64 (exact here): top-p clusters by (score desc, id asc), then the
+    candidate token with the largest logit, smallest id among equals."""
+    c = cents.shape[0]
+    s = (cents.double() @ h[0].double())
+    probes = torch.sort(-s, stable=True).indices[:p]                   # stable: equal scores by id
+    cand = torch.cat([c2t_ext[probes].flatten(), c2t_ext[c]])
+    cand = cand[cand >= 0]
+    logits = W[cand].double() @ h[0].double()
+    return cand[logits == logits.max()].min()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_flash_matches_reference_with_ties(seed):
+    g, W, cents, c2t_ext = problem(seed)
+    c = cents.shape[0]
+    for p in (1, 2, 3, 4, 5, 8, 16, 36, c):
+        for tiles in (dict(), dict(TF=8, T=2)):                        # one tile, several tiles
+            h = ints(g, 1, W.shape[1])
+            got = K.flash_greedy_triton(h, W, cents, c2t_ext, p, R=8, BLOCK_D=16, **tiles)
+            assert got.shape == (1,) and got.dtype == torch.int64
+            assert got.item() == flash_ref(h, W, cents, c2t_ext, p).item(), (p, tiles)
+
+
+def test_flash_all_scores_equal():
+    """Every cluster ties: the probes are clusters 0..p-1, the token the smallest among the best."""
+    g, W, cents, c2t_ext = problem(7)
+    cents = torch.ones_like(cents)
+    h = ints(g, 1, W.shape[1])
+    for p in (1, 3, 8, cents.shape[0]):
+        for tiles in (dict(), dict(TF=16, T=4)):
+            got = K.flash_greedy_triton(h, W, cents, c2t_ext, p, R=4, BLOCK_D=8, **tiles)
+            assert got.item() == flash_ref(h, W, cents, c2t_ext, p).item()
+
+
+def test_flash_special_token_wins():
+    g, W, cents, c2t_ext = problem(3)
+    W[70] = 50.0                                                        # a special token, scored always
+    h = torch.ones(1, W.shape[1])
+    assert K.flash_greedy_triton(h, W, cents, c2t_ext, 1).item() == 70
+
+
+def test_flash_matches_flashhead_reference():
+    """Against FlashHead.reference on tie-free random data (fp32 weights), specials included."""
+    heads = pytest.importorskip("lib.heads")
+    g = torch.Generator().manual_seed(0)
+    c, b, d = 50, 8, 32
+    W = torch.randn(c * b, d, generator=g)
+    assign = torch.randperm(c * b, generator=g) % c
+    cents = torch.stack([W[assign == k].mean(0) for k in range(c)])
+    head = heads.FlashHead(W, cents, assign, n_probes=1, special_ids=[5, 17])
+    spec = torch.full((b,), -1, dtype=torch.long)
+    spec[:2] = head.special
+    c2t_ext = torch.cat([head.c2t, spec[None]]).contiguous()
+    for p in (1, 2, 7, 16, c):
+        fh = head.with_probes(p)
+        for t in torch.randint(0, c * b, (4,), generator=g):
+            h = W[t][None] + 0.3 * torch.randn(1, d, generator=g)
+            assert K.flash_greedy_triton(h, W, cents, c2t_ext, p).item() == fh.reference(h).item()
+
+
+def test_flash_repeated_calls_leave_state_clean():
+    """Counters and the histogram are reset by the kernels: many calls in a row stay exact."""
+    g, W, cents, c2t_ext = problem(11)
+    for i in range(6):
+        h = ints(g, 1, W.shape[1])
+        p = 1 + i * 5
+        assert K.flash_greedy_triton(h, W, cents, c2t_ext, p).item() == flash_ref(h, W, cents, c2t_ext, p).item()
+    s = K._scratch(h.device, cents.shape[0])
+    assert s["count"].eq(0).all() and s["hist"].eq(0).all() and s["best"].item() == -2 ** 63
+
+
+@pytest.mark.parametrize("V,d,R", [(300, 24, 16), (1000, 40, 64), (7, 8, 4)])
+def test_dense_is_argmax_smallest_id(V, d, R):
+    g = torch.Generator().manual_seed(V)
+    W = ints(g, V, d)
+    for _ in range(4):
+        h = ints(g, 1, d)
+        logits = W.double() @ h[0].double()
+        got = K.dense_greedy_triton(h, W, R=R, BLOCK_D=16)
+        assert got.shape == (1,) and got.item() == logits.argmax().item()      # argmax: first maximum
+        assert (logits == logits.max()).sum() >= 1
+
+
+def test_dense_bf16():
+    g = torch.Generator().manual_seed(1)
+    W = ints(g, 500, 64).bfloat16()
+    h = ints(g, 1, 64).bfloat16()
+    assert K.dense_greedy_triton(h, W).item() == (W.double() @ h[0].double()).argmax().item()
