@@ -1,7 +1,8 @@
 # Profiles (params/<name>.yaml; params/thesis_tables.yaml holds the thesis's numbers, not a profile):
 #   smoke    tiny synthetic pair, fp32 on a CPU (the default; CI and nbval)
 #   h100     shape-faithful synthetic pair, bf16 on one 80 GB GPU (every timing in the study)
-#   h200x2   the h100 pair on two GPUs, adding the pipelined schedule
+#   two_gpu  the h100 pair on two GPUs of one host, adding the pipelined schedule
+#   smollm2  real weights on a CPU: SmolLM2-135M as target, its first layers as early-exit drafts
 #   thesis   the real checkpoints and Spec-Bench prompts (make data first)
 # Targets:
 #   make env        build .venv from environment.yml (every other target does this first)

@@ -51,7 +51,8 @@ class Clock:
     def totals(self) -> dict[str, float]:
         """Milliseconds per span name (synchronises once on CUDA)."""
         if self.cuda:
-            torch.cuda.synchronize()
+            for i in range(torch.cuda.device_count()):                # spans may lie on a second GPU
+                torch.cuda.synchronize(i)
             return {k: sum(a.elapsed_time(b) for a, b in v) for k, v in self.spans.items()}
         return {k: 1000.0 * sum(b - a for a, b in v) for k, v in self.spans.items()}
 
@@ -80,11 +81,11 @@ def time_calls(fn, warmup: int, iters: int, device) -> list[float]:
     out = []
     cuda = torch.device(device).type == "cuda"
     for _ in range(iters):
-        if cuda:
+        if cuda:                                                       # events on the stream that runs fn
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
+            a.record(torch.cuda.current_stream(device))
             fn()
-            b.record()
+            b.record(torch.cuda.current_stream(device))
             b.synchronize()
             out.append(a.elapsed_time(b))
         else:

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen3Config
 
-from . import prompts as prompt_lib
+from . import prompts as prompt_lib, quantize
 from .config import Profile, as_dict
 from .heads import FlashHead
 from .synthetic import SPECIAL_TOKENS, make_pair, make_tokenizer
@@ -44,7 +44,10 @@ def ensure_synthetic(profile: Profile) -> Path:
     for name, model in (("draft", draft), ("target", target)):
         if name == "target" and not syn.save_target:
             continue
-        model.save_pretrained(root / name)
+        if name == "target" and syn.target_quant == "awq":
+            quantize.write_awq_model(model, root / name)              # int4 layer by layer, freeing the dense layers
+        else:
+            model.save_pretrained(root / name)
         tok.save_pretrained(root / name)
     del target, draft
     stamp.write_text(json.dumps(synthetic_stamp(profile), indent=1))
@@ -387,17 +390,26 @@ def gguf_converted(profile: Profile) -> bool:
             and (profile.model_dir / "model" / "model.safetensors").is_file())
 
 
-def ensure_gguf(profile: Profile) -> Path:
-    """The profile's model as a safetensors directory (model_dir/model), converted from the checked GGUF
-    file once and stamped with its SHA-256; later calls (and every load) use the directory, offline."""
-    out = profile.model_dir / "model"
+def check_gguf_source(profile: Profile) -> Path | None:
+    """Before a conversion: the checked GGUF file (its package installed, its SHA-256 the pinned one) and
+    the gguf reader; None when the converted model is already there. Raises GGUFSourceError in one line."""
     if gguf_converted(profile):
-        return out
+        return None
     src = gguf_source(profile)
     from transformers.utils import is_gguf_available
     if not is_gguf_available():
         raise GGUFSourceError(f"{profile.name}: converting {src.name} needs the gguf package; "
                               f"install it with: {gguf_install_command(profile)}")
+    return src
+
+
+def ensure_gguf(profile: Profile) -> Path:
+    """The profile's model as a safetensors directory (model_dir/model), converted from the checked GGUF
+    file once and stamped with its SHA-256; later calls (and every load) use the directory, offline."""
+    out = profile.model_dir / "model"
+    src = check_gguf_source(profile)
+    if src is None:
+        return out
     shutil.rmtree(profile.model_dir, ignore_errors=True)                # a FlashHead copy of older weights is stale too
     convert_gguf(src, out)
     (profile.model_dir / "stamp.json").write_text(json.dumps(gguf_stamp(profile), indent=1))

@@ -101,7 +101,8 @@ def spherical_kmeans(x: torch.Tensor, c: int, iters: int, seed: int = 0, equal: 
         raise ValueError(f"equal-size clustering needs c to divide the row count: {n} rows, c={c}")
     xn = unit(x.float())
     cents = init_centroids(xn, c, seed)
-    for _ in tqdm(range(iters), desc="equal-size k-means" if equal else "k-means", disable=not progress):
+    steps = range(iters)
+    for _ in tqdm(steps, desc="equal-size k-means" if equal else "k-means") if progress else steps:  # TQDM_DISABLE=1 also hides it
         if equal:
             assign = balanced_assign(xn, cents, n // c, candidates)
         else:

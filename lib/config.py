@@ -52,6 +52,7 @@ class Synthetic:
     target: Shape
     draft: Shape
     save_target: bool = True  # save_pretrained + from_pretrained round trip for the target
+    target_quant: str = ""     # "awq": the target is written as an AWQ int4 checkpoint (lib/quantize.py)
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ class Profile:
     prompts: Prompts
     bench: Bench
     slurm: Slurm = field(default_factory=Slurm)
+    compare_with: list[str] = field(default_factory=list)   # profiles whose summaries notebook 04 sets beside this one
 
     # Derived locations: computed here, never set in the YAML or the notebooks.
     @property
@@ -208,6 +210,18 @@ def _validate(p: Profile, where: str) -> None:
         need(s.target.hidden_size >= s.draft.hidden_size, "models.synthetic: target.hidden_size must be >= draft.hidden_size")
         for nm, sh in (("target", s.target), ("draft", s.draft)):
             need(sh.intermediate_size >= 2 * sh.hidden_size, f"models.synthetic.{nm}.intermediate_size must be >= 2*hidden_size")
+        need(s.target_quant in ("", "awq"), f"models.synthetic.target_quant must be '' or awq, got {s.target_quant!r}")
+        if s.target_quant == "awq":
+            t = s.target
+            need(s.save_target, "models.synthetic.target_quant awq needs save_target: true (the int4 target is "
+                 "written and loaded back through gptqmodel)")
+            need(p.dtype != "bfloat16", "models.synthetic.target_quant awq needs dtype float16 (or float32 on a CPU): "
+                 "transformers runs AWQ models in fp16 on CUDA")
+            need(all(i % 128 == 0 for i in (t.hidden_size, t.intermediate_size, t.num_attention_heads * t.head_dim)),
+                 "models.synthetic.target_quant awq needs target hidden_size, intermediate_size and "
+                 "num_attention_heads*head_dim divisible by the group size 128")
+            need(t.num_key_value_heads * t.head_dim % 8 == 0, "models.synthetic.target_quant awq needs "
+                 "num_key_value_heads*head_dim divisible by 8")
         need(s.vocab_size % p.clustering.n_clusters == 0,
              f"clustering.n_clusters ({p.clustering.n_clusters}) must divide the vocabulary ({s.vocab_size})")
     elif p.models.source == "gguf":

@@ -65,6 +65,31 @@ def measure_costs(model, k: int, context: int = 128, warmup: int = 3, iters: int
     return {"T_p": T_p, "T_head": med(lambda: (h @ W.T).argmax(-1))}
 
 
+def agreements(model, prompts: list[list[int]], max_new: int, depths, stop: frozenset = frozenset()) -> dict:
+    """{N: [exit_agreement per prompt]} along the full model's greedy trajectory of each prompt."""
+    out = {n: [] for n in depths}
+    for prompt in prompts:
+        traj = greedy_trajectory(model, prompt, max_new, stop)
+        for n, a in exit_agreement(model, prompt, traj, depths).items():
+            out[n].append(a)
+    return out
+
+
+def depth_table(agree: dict, n_layers: int, k: int, costs: dict) -> pd.DataFrame:
+    """The table of exit_depth_table from agreements() and measure_costs() (cheap: try several k)."""
+    T1, head = costs["T_p"][1], costs["T_head"]
+    rows = []
+    for n, per_prompt in agree.items():
+        alpha = float(np.concatenate(per_prompt).mean())
+        rounds = [a for x in per_prompt for a in simulate_rounds(x, k)]
+        step = {"T_p": costs["T_p"], "T_q": n / n_layers * (T1 - head) + head}             # draft step (ms)
+        em = expected_emitted(alpha, k)
+        rows.append({"exit_layer": n, "acceptance": alpha, "simulated_emitted": 1 + float(np.mean(rounds)),
+                     "expected_emitted": em, "draft_step": step["T_q"] / T1,
+                     **{f"speedup_{s}": T1 / tpot_ms(step, k, em, s) for s in ("ordinary", "deferred")}})
+    return pd.DataFrame(rows).set_index("exit_layer")
+
+
 def exit_depth_table(model, prompts: list[list[int]], k: int, max_new: int = 48, depths=None,
                      stop: frozenset = frozenset(), costs: dict | None = None) -> pd.DataFrame:
     """Per exit depth N (default 4, 6, .. below the model's depth): the dense early-exit draft's acceptance
@@ -76,20 +101,5 @@ def exit_depth_table(model, prompts: list[list[int]], k: int, max_new: int = 48,
     depths = list(depths or range(4, L, 2))
     if not all(1 <= n < L for n in depths):
         raise ValueError(f"exit depths must be in 1..{L - 1} (the model has {L} layers), got {depths}")
-    agree = {n: [] for n in depths}
-    for prompt in prompts:
-        traj = greedy_trajectory(model, prompt, max_new, stop)
-        for n, a in exit_agreement(model, prompt, traj, depths).items():
-            agree[n].append(a)
-    costs = costs or measure_costs(model, k)
-    T1, head = costs["T_p"][1], costs["T_head"]
-    rows = []
-    for n in depths:
-        alpha = float(np.concatenate(agree[n]).mean())
-        rounds = [a for x in agree[n] for a in simulate_rounds(x, k)]
-        step = {"T_p": costs["T_p"], "T_q": n / L * (T1 - head) + head}                     # draft step (ms)
-        em = expected_emitted(alpha, k)
-        rows.append({"exit_layer": n, "acceptance": alpha, "simulated_emitted": 1 + float(np.mean(rounds)),
-                     "expected_emitted": em, "draft_step": step["T_q"] / T1,
-                     **{f"speedup_{s}": T1 / tpot_ms(step, k, em, s) for s in ("ordinary", "deferred")}})
-    return pd.DataFrame(rows).set_index("exit_layer")
+    agree = agreements(model, prompts, max_new, depths, stop)
+    return depth_table(agree, L, k, costs or measure_costs(model, k))

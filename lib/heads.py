@@ -5,7 +5,7 @@ import torch
 
 from .bench import NO_CLOCK
 from .clustering import cluster_to_token
-from .runner import capture
+from .runner import capture, on
 
 
 class DenseHead:
@@ -118,13 +118,16 @@ class GraphedHead:
         W = head.weight
         if graphs and W.is_cuda:
             self.h = torch.zeros(1, W.shape[1], device=W.device, dtype=W.dtype)
-            self.graph, self.out = capture(lambda: head(self.h))
+            with on(W.device):
+                self.graph, self.out = capture(lambda: head(self.h))
 
     @torch.no_grad()
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        with self.clock.span("call_draft_head", self.head.weight.device):
+        dev = self.head.weight.device
+        with self.clock.span("call_draft_head", dev):
             if self.graph is None:
                 return self.head(h)
-            self.h.copy_(h)
-            self.graph.replay()
+            with on(dev):
+                self.h.copy_(h)
+                self.graph.replay()
             return self.out

@@ -102,53 +102,86 @@ def _select(cand_ptr, m, need, thr, out_ptr, T: tl.constexpr):
 
 
 @triton.jit
-def _flash_probes(h_ptr, c_ptr, keys_ptr, hist_ptr, cand_ptr, probes_ptr, count_ptr, C, P,
-                  D: tl.constexpr, R: tl.constexpr, BLOCK_D: tl.constexpr, TF: tl.constexpr, T: tl.constexpr,
-                  PDL: tl.constexpr):
-    """Program g scores centroids g*R..g*R+R-1; the last one to finish stores the top-P cluster ids
-    (any order) at probes_ptr[0:P]. Keys: uint32 whose order is the scores' order."""
+def _flash_probes(h_ptr, c_ptr, keys_ptr, hist_ptr, slab_ptr, above_ptr, plan_ptr, cand_ptr, probes_ptr,
+                  count_ptr, C, P, D: tl.constexpr, R: tl.constexpr, BLOCK_D: tl.constexpr, S: tl.constexpr,
+                  TF: tl.constexpr, T: tl.constexpr, PDL: tl.constexpr):
+    """Program g scores centroids g*R..g*R+R-1 and files each key under its histogram bin (top 12 bits of
+    the score) in a slab of S slots per bin. The last program to finish stores, for the token kernel,
+    above_ptr[b] = #clusters in bins above b and plan = (bin of the P-th score, #clusters above it, #in it,
+    overflow); on overflow (a bin from that one up holds > S) it selects the top-P ids into probes_ptr."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()                 # the token kernel may start (and wait)
     rows = tl.program_id(0) * R + tl.arange(0, R)
     ok = rows < C
-    u = (_ordered(_dot_rows(h_ptr, c_ptr, rows, ok, R, D, BLOCK_D)) ^ -2147483648).to(tl.uint32, bitcast=True)
-    tl.store(keys_ptr + rows, u.to(tl.int32, bitcast=True), mask=ok)
-    tl.atomic_add(hist_ptr + (u >> _SHIFT).to(tl.int32), 1, mask=ok, sem="relaxed")
+    k = _key(_dot_rows(h_ptr, c_ptr, rows, ok, R, D, BLOCK_D), rows, ok)
+    b = ((k >> 52) + 2048).to(tl.int32)                      # the score's top 12 bits, in order
+    slot = tl.atomic_add(hist_ptr + b, 1, mask=ok, sem="relaxed")   # count it; the old count is its slot
+    tl.store(slab_ptr + b.to(tl.int64) * S + slot, k, mask=ok & (slot < S))
+    tl.store(keys_ptr + rows, k, mask=ok)
     tl.debug_barrier()                                        # all stores and adds land before the count
     if tl.atomic_add(count_ptr, 1) == tl.num_programs(0) - 1:
         tl.store(count_ptr, 0)
         bins = tl.arange(0, _NBINS)
         hist = tl.load(hist_ptr + bins, cache_modifier=".cg")
         tl.store(hist_ptr + bins, tl.zeros_like(hist))        # clean for the next call
-        ge = C - tl.cumsum(hist, 0) + hist
-        top = tl.sum((ge >= P).to(tl.int32), 0) - 1           # the bin holding the P-th largest score
-        above = tl.sum(tl.where(bins > top, hist, 0), 0)      # clusters surely in (< P)
-        n_up = above * 0
-        n_top = above * 0
-        for t in tl.range(0, C, TF):                          # compact: ids above, candidates of bin top
-            i = t + tl.arange(0, TF)
-            uk = tl.load(keys_ptr + i, mask=i < C, other=0, cache_modifier=".cg")
-            b = tl.where(i < C, (uk.to(tl.uint32, bitcast=True) >> _SHIFT).to(tl.int32), -1)
-            cs = tl.cumsum((b > top).to(tl.int32) * 65536 + (b == top).to(tl.int32), 0)
-            tl.store(probes_ptr + n_up + (cs >> 16) - 1, i, mask=b > top)
-            tl.store(cand_ptr + n_top + (cs & 65535) - 1, (uk.to(tl.int64) << 32) | i, mask=b == top)
-            n_up += tl.sum((b > top).to(tl.int32), 0)
-            n_top += tl.sum((b == top).to(tl.int32), 0)
-        tl.debug_barrier()                                    # candidates written before they are read
-        _select(cand_ptr, n_top, P - above, top.to(tl.uint32) << _SHIFT, probes_ptr + above, T)
+        above = C - tl.cumsum(hist, 0)                        # clusters in bins above each bin
+        tl.store(above_ptr + bins, above)
+        top = tl.sum((above + hist >= P).to(tl.int32), 0) - 1   # the bin holding the P-th largest score
+        n_up = tl.sum(tl.where(bins == top, above, 0), 0)     # clusters surely in (< P)
+        m = tl.sum(tl.where(bins == top, hist, 0), 0)         # clusters to choose from
+        full = tl.max(tl.where(bins >= top, hist, 0), 0) > S  # some were not filed: select here
+        j = tl.arange(0, 4)
+        tl.store(plan_ptr + j, tl.where(j == 0, top, tl.where(j == 1, n_up, tl.where(j == 2, m, full.to(tl.int32)))))
+        if full:
+            n_up = n_up * 0
+            n_top = n_up * 0
+            for t in tl.range(0, C, TF):                      # compact: ids above, candidates of bin top
+                i = t + tl.arange(0, TF)
+                ki = tl.load(keys_ptr + i, mask=i < C, other=_MIN64, cache_modifier=".cg")
+                bi = tl.where(i < C, ((ki >> 52) + 2048).to(tl.int32), -1)
+                cs = tl.cumsum((bi > top).to(tl.int32) * 65536 + (bi == top).to(tl.int32), 0)
+                tl.store(probes_ptr + n_up + (cs >> 16) - 1, i, mask=bi > top)
+                u = (ki >> 32).to(tl.int32) ^ -2147483648       # unsigned order of the score
+                tl.store(cand_ptr + n_top + (cs & 65535) - 1, (u.to(tl.uint32).to(tl.int64) << 32) | i,
+                         mask=bi == top)
+                n_up += tl.sum((bi > top).to(tl.int32), 0)
+                n_top += tl.sum((bi == top).to(tl.int32), 0)
+            tl.debug_barrier()                                # candidates written before they are read
+            _select(cand_ptr, n_top, P - n_up, top.to(tl.uint32) << _SHIFT, probes_ptr + n_up, T)
 
 
 @triton.jit
-def _flash_tokens(h_ptr, w_ptr, c2t_ptr, probes_ptr, best_ptr, count_ptr, out_ptr, C, P,
-                  D: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    """Program i < P scores the tokens of the i-th probed cluster, program P the special tokens (row C
-    of c2t, -1 = none); the last program to finish writes the best token."""
+def _flash_tokens(h_ptr, w_ptr, c2t_ptr, slab_ptr, above_ptr, plan_ptr, probes_ptr, best_ptr, count_ptr,
+                  out_ptr, C, P, D: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, BLOCK_D: tl.constexpr,
+                  S: tl.constexpr, PDL: tl.constexpr):
+    """Program i scores the tokens of the i-th cluster in score order, if it is one of the top P, and
+    the last program the special tokens (row C of c2t, -1 = none); the last to finish writes the token."""
     i = tl.program_id(0)
     if PDL:
-        tl.extra.cuda.gdc_wait()                              # launched early: wait for the probes
-    cluster = tl.load(probes_ptr + i, mask=i < P, other=C).to(tl.int64)
-    j = tl.arange(0, BP)
-    toks = tl.load(c2t_ptr + cluster * B + j, mask=j < B, other=-1).to(tl.int32)
+        tl.extra.cuda.gdc_wait()                              # launched early: wait for the plan
+    top = tl.load(plan_ptr, cache_modifier=".cg")
+    n_up = tl.load(plan_ptr + 1, cache_modifier=".cg")
+    m = tl.load(plan_ptr + 2, cache_modifier=".cg")
+    full = tl.load(plan_ptr + 3, cache_modifier=".cg") != 0
+    up = i < n_up                                             # in a bin above top: taken; find bin, slot
+    bins = tl.arange(0, _NBINS)
+    above = tl.load(above_ptr + bins, mask=tl.where(up, bins < _NBINS, False), other=0, cache_modifier=".cg")
+    b = _NBINS - tl.sum((above <= i).to(tl.int32), 0)         # the lowest bin with <= i clusters above it
+    slot = i - tl.sum(tl.where(bins == b, above, 0), 0)
+    k_up = tl.load(slab_ptr + b.to(tl.int64) * S + slot, mask=up, other=_MIN64, cache_modifier=".cg")
+    cand = (i >= n_up) & (i < n_up + m)                       # in bin top: taken if ranked < P - n_up there
+    j = tl.arange(0, S)
+    row = tl.load(slab_ptr + top.to(tl.int64) * S + j, mask=tl.where(cand, j < m, False), other=_MIN64,
+                  cache_modifier=".cg")
+    k_c = tl.sum(tl.where(j == i - n_up, row, 0), 0)
+    take = up | (cand & (tl.sum((row > k_c).to(tl.int32), 0) < P - n_up))
+    cluster = 0x7FFFFFFF - (tl.where(up, k_up, k_c) & 0x7FFFFFFF)
+    cluster = tl.where(full, tl.load(probes_ptr + i, mask=tl.where(full, i < P, False), other=0), cluster)   # selected in K1
+    take = tl.where(full, i < P, take)
+    last = i == tl.num_programs(0) - 1
+    cluster = tl.where(last, C, cluster).to(tl.int64)
+    jb = tl.arange(0, BP)
+    toks = tl.load(c2t_ptr + cluster * B + jb, mask=tl.where(take | last, jb < B, False), other=-1).to(tl.int32)
     ok = toks >= 0
     _finish(_key(_dot_rows(h_ptr, w_ptr, toks, ok, BP, D, BLOCK_D), toks, ok), best_ptr, count_ptr, out_ptr)
 
@@ -165,38 +198,41 @@ def _dense_argmax(h_ptr, w_ptr, best_ptr, count_ptr, out_ptr, V, D: tl.constexpr
 _SCRATCH = {}
 
 
-def _scratch(device, C):
+def _scratch(device, C, S=1):
     """Per-device state the kernels restore after each call, and per-size scratch; never reallocated
     (a captured graph keeps the addresses)."""
-    key = (str(device), C)
+    key = (str(device), C, S)
     if key not in _SCRATCH:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("call flash_greedy_triton / dense_greedy_triton once before graph capture")
         z = lambda n, dt=torch.int32: torch.zeros(n, dtype=dt, device=device)
         _SCRATCH[key] = dict(count=z(2), best=torch.full((1,), -2 ** 63, dtype=torch.int64, device=device),
-                             hist=z(_NBINS.value), keys=z(max(C, 1)), probes=z(max(C, 1)),
-                             cand=z(max(C, 1), torch.int64))
+                             hist=z(_NBINS.value), above=z(_NBINS.value), plan=z(4), keys=z(max(C, 1), torch.int64),
+                             slab=z(_NBINS.value * S, torch.int64), probes=z(max(C, 1)), cand=z(max(C, 1), torch.int64))
     return _SCRATCH[key]
 
 
 def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, R=16, BLOCK_D=1024, BLOCK_D2=512, warps=8,
-                        warps2=4, TF=8192, T=1024, pdl=False):
+                        warps2=8, S=256, TF=4096, T=1024, pdl=False, regs=None):
     """h (1,d) -> token (1,) int64 on the device: FlashHead greedy in two Triton launches.
 
     W (V,d), cents (c,d) and h contiguous, same dtype; c2t_ext (c+1,b) int64: row k the tokens of
-    cluster k, row c the special tokens (-1 pads); any 1 <= n_probes <= c."""
+    cluster k, row c the special tokens (-1 pads); any 1 <= n_probes <= c. S: slab slots per bin (a
+    power of 2; the fast path needs the P-th score's bin and those above it to hold <= S clusters)."""
     C, D = cents.shape
     B = c2t_ext.shape[1]
     assert 1 <= n_probes <= C and c2t_ext.shape[0] == C + 1 and TF < 65536 and T < 65536
-    s = _scratch(h.device, C)
+    s = _scratch(h.device, C, S)
     out = torch.empty(1, dtype=torch.int64, device=h.device)
     bd = min(BLOCK_D, triton.next_power_of_2(D))
-    _flash_probes[(triton.cdiv(C, R),)](h, cents, s["keys"], s["hist"], s["cand"], s["probes"], s["count"],
-                                        C, n_probes, D, R, bd, min(TF, triton.next_power_of_2(C)),
-                                        min(T, triton.next_power_of_2(C)), pdl, num_warps=warps)
-    _flash_tokens[(n_probes + 1,)](h, W, c2t_ext, s["probes"], s["best"], s["count"][1:], out, C, n_probes,
-                                   D, B, triton.next_power_of_2(B), min(BLOCK_D2, bd), pdl, num_warps=warps2,
-                                   **(dict(launch_pdl=True) if pdl else {}))
+    _flash_probes[(triton.cdiv(C, R),)](h, cents, s["keys"], s["hist"], s["slab"], s["above"], s["plan"], s["cand"],
+                                        s["probes"], s["count"], C, n_probes, D, R, bd, S,
+                                        min(TF, triton.next_power_of_2(C)), min(T, triton.next_power_of_2(C)), pdl,
+                                        num_warps=warps, **(dict(maxnreg=regs) if regs else {}))
+    _flash_tokens[(n_probes + S + 1,)](h, W, c2t_ext, s["slab"], s["above"], s["plan"], s["probes"], s["best"],
+                                       s["count"][1:], out, C, n_probes, D, B, triton.next_power_of_2(B),
+                                       min(BLOCK_D2, bd), S, pdl, num_warps=warps2,
+                                       **(dict(launch_pdl=True) if pdl else {}))
     return out
 
 

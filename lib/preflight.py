@@ -39,8 +39,27 @@ def decoder_params(shape, vocab: int, tied: bool) -> int:
     return shape.num_hidden_layers * layer + vocab * d * (1 if tied else 2)
 
 
+def gguf_converted_bytes(profile: Profile) -> int:
+    """fp32 bytes of the model converted from the profile's GGUF file: 4 bytes a parameter, the parameters
+    estimated from the file's size (RECORD) at 4.5 bits each (Q4_0/Q4_1 store 4.5-5; bigger types overestimate)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+    m = profile.models
+    try:
+        files = distribution(m.gguf_package.split("==")[0]).files or []
+    except PackageNotFoundError:
+        return 0                                                             # check_inputs says what is missing
+    size = next((f.size or 0 for f in files if str(f) == m.gguf_file), 0)
+    return int(size * 8 / 4.5) * 4
+
+
 def disk_needed(profile: Profile) -> int:
-    """Bytes the profile will write under models/ (synthetic checkpoints) that are not there yet."""
+    """Bytes the profile will write under models/ (synthetic checkpoints; gguf: the converted model and
+    its FlashHead copy) that are not there yet."""
+    if profile.models.source == "gguf":
+        from .checkpoints import gguf_converted
+        converted = gguf_converted(profile)
+        model = gguf_converted_bytes(profile)
+        return (0 if converted else model) + (0 if converted and (profile.flash_dir / "config.json").exists() else model)
     syn = profile.models.synthetic
     if profile.models.source != "synthetic" or (profile.model_dir / "stamp.json").exists():
         return 0
@@ -71,6 +90,12 @@ def check_inputs(profile: Profile) -> None:
         path = prompts.resolve_file(profile.prompts.file)
         if not path.is_file():
             raise PreflightError(f"{profile.name}: no prompt file at {path}. {prompts.SPEC_BENCH_HELP}")
+    if profile.models.source == "gguf":
+        from .checkpoints import GGUFSourceError, check_gguf_source
+        try:
+            check_gguf_source(profile)                                       # package, SHA-256, gguf reader
+        except GGUFSourceError as e:
+            raise PreflightError(str(e)) from None
     if profile.models.source == "pretrained":
         from .checkpoints import check_pretrained_available
         try:

@@ -11,8 +11,8 @@ import pandas as pd
 import yaml
 
 from . import modes
-from .modes import DEFERRED, ORDINARY
-from .config import PARAMS, Profile
+from .modes import DEFERRED, ORDINARY, PIPELINED
+from .config import PARAMS, Profile, outputs_root
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -29,7 +29,8 @@ def thesis_numbers() -> dict:
 
 def records_frame(records: list[dict]) -> pd.DataFrame:
     df = pd.DataFrame(records)
-    for phase in ("initial", "draft", "verify", "finalize", "call_draft_body", "call_draft_head", "call_target"):
+    for phase in ("initial", "draft", "verify", "finalize", "transfer", "call_draft_body", "call_draft_head",
+                  "call_target"):
         df[phase + "_ms"] = [s.get(phase, 0.0) for s in df["spans_ms"]]
     return df
 
@@ -41,7 +42,7 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     parts = g[["draft", "schedule"]].first()
     s = g[["decode_tokens", "decode_ms", "accepted", "proposed", "rounds", "verify_calls", "append_calls", "skipped",
            "initial_ms", "draft_ms", "verify_ms", "finalize_ms", "call_draft_body_ms", "call_draft_head_ms",
-           "call_target_ms", "model_call_ms"]].sum()
+           "call_target_ms", "model_call_ms", "transfer_ms"]].sum()
     out = pd.DataFrame({
         "draft": parts.draft, "schedule": parts.schedule,
         "samples": g.size(),
@@ -53,7 +54,7 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
         "rounds": s.rounds, "verify_calls": s.verify_calls, "append_calls": s.append_calls, "skipped": s.skipped,
         "ms_per_round": (s.decode_ms / s.rounds).where(s.rounds > 0),
         "initial_ms": s.initial_ms, "draft_ms": s.draft_ms, "verify_ms": s.verify_ms, "finalize_ms": s.finalize_ms,
-        "draft_body_ms": s.call_draft_body_ms, "draft_head_ms": s.call_draft_head_ms,
+        "draft_body_ms": s.call_draft_body_ms, "draft_head_ms": s.call_draft_head_ms, "transfer_ms": s.transfer_ms,
         "exact_match_rate": g.exact_match.mean(),
         "engine_overhead_frac": 1 - s.model_call_ms / s.decode_ms,
     })
@@ -96,6 +97,38 @@ def thesis_consistency(k: int = 6, max_new: int = 64) -> pd.DataFrame:
         row["fits"] = row["implied_proposed_per_round"] <= k + 1e-9
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def overlap(agg: pd.DataFrame) -> pd.DataFrame:
+    """Pipelined vs serial ordinary, per draft: the decode time the overlapped target append saved, and
+    the most it could save, min(sum of finalize, sum of draft proposal) of the serial run (a round
+    costs at least max(finalize, prepare)), each per round."""
+    piped = agg[agg.schedule == PIPELINED].set_index("draft")
+    serial = agg[agg.schedule == ORDINARY].set_index("draft").loc[piped.index]
+    bound = np.minimum(serial.finalize_ms, serial.draft_ms)
+    out = pd.DataFrame({"serial ms/round": serial.ms_per_round, "pipelined ms/round": piped.ms_per_round,
+                        "finalize ms/round": serial.finalize_ms / serial.rounds,
+                        "draft ms/round": serial.draft_ms / serial.rounds,
+                        "overlap gain": 1 - piped.decode_total_ms / serial.decode_total_ms,
+                        "bound on gain": bound / serial.decode_total_ms})
+    out["share of bound"] = out["overlap gain"] / out["bound on gain"]
+    return out
+
+
+def side_by_side(profile: Profile, agg: pd.DataFrame, device: str, others: list[str]) -> pd.DataFrame:
+    """Decode tok/s and acceptance per mode, this profile's beside other profiles' (from their summary.json,
+    where it exists). Compare timings only between columns whose device names the same card."""
+    cols = {(profile.name, "device"): {m: device for m in agg.index},
+            (profile.name, "decode tok/s"): agg.decode_tok_s.to_dict(), (profile.name, "acceptance"): agg.acceptance.to_dict()}
+    for name in others:
+        path = outputs_root() / name / "summary.json"
+        if path.exists():
+            s = json.loads(path.read_text())
+            cols[(name, "device")] = {m: s["device"] for m in s["e2e"]}
+            cols[(name, "decode tok/s")] = {m: r["decode_tok_s"] for m, r in s["e2e"].items()}
+            cols[(name, "acceptance")] = {m: r["acceptance"] for m, r in s["e2e"].items()}
+    df = pd.DataFrame(cols)
+    return df.reindex([m for m in modes.LABELS if m in df.index])
 
 
 # ---------------------------------------------------------------- thesis tables, ours beside theirs
@@ -289,7 +322,8 @@ def summary(profile: Profile, device: str, clus: dict, micro: dict, agg: pd.Data
     for m, r in agg.iterrows():
         e2e[m] = {k: _num(r[k]) for k in ("decode_tok_s", "ttft_ms", "acceptance", "mean_emitted", "verify_calls",
                                           "append_calls", "exact_match_rate", "engine_overhead_frac", "samples",
-                                          "ms_per_round", "draft_share", "verify_share", "finalize_share")}
+                                          "ms_per_round", "draft_share", "verify_share", "finalize_share",
+                                          "transfer_ms")}
     out = {
         "profile": profile.name, "device": device, **run_source(profile, run),
         "acceptance_note": "synthetic pair: acceptance is artificial" if profile.models.source == "synthetic" else "real models",

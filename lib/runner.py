@@ -2,6 +2,8 @@
 CUDA-graph capture per call length and an optional torch.compile'd layer function."""
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 
@@ -95,10 +97,11 @@ class Runner:
         if not (graph and self.graphs):                                                     # eager, any n
             h = self._forward(ids, torch.tensor(start, device=self.device), compiled=False)
             return h if kind == "hidden" else self._argmax(h)
-        g = self._graphs.get((kind, n)) or self._capture(kind, n)
-        g["ids"].copy_(ids)
-        g["start"].fill_(start)
-        g["graph"].replay()
+        with on(self.device):                                                               # graphs live on one GPU
+            g = self._graphs.get((kind, n)) or self._capture(kind, n)
+            g["ids"].copy_(ids)
+            g["start"].fill_(start)
+            g["graph"].replay()
         return g["out"]
 
     def _capture(self, kind: str, n: int) -> dict:
@@ -158,8 +161,14 @@ def fuse_projections(layer) -> dict:
     return out
 
 
+def on(device: torch.device):
+    """Make `device` the current CUDA device (a second GPU's graphs and streams live there); no-op on a CPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
+
+
 def capture(fn):
-    """Warm fn up on a side stream, then capture it in a CUDA graph. Returns (graph, static output)."""
+    """Warm fn up on a side stream, then capture it in a CUDA graph (on the current device).
+    Returns (graph, static output)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -167,7 +176,9 @@ def capture(fn):
             fn()
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # Capture on our own stream of this device: torch.cuda.graph's default capture stream is made once,
+    # on whichever device was current then, and a second GPU's kernels would escape the capture.
+    with torch.cuda.graph(graph, stream=s):
         out = fn()
     return graph, out
 

@@ -203,7 +203,7 @@ def run_samples(profile: Profile, run: Path, target, drafts: dict, enc: list, ke
     for draft, schedule in modes.run_order(profile.decode.modes, profile.decode.schedules):
         for _ in range(profile.bench.e2e_warmup):
             generate(target, drafts, profile, enc[0][1], draft, schedule, stop)
-    for it, i, draft, schedule in tqdm(keys, desc=f"e2e {profile.name}", disable=not progress):
+    for it, i, draft, schedule in tqdm(keys, desc=f"e2e {profile.name}") if progress else keys:  # TQDM_DISABLE=1 also hides it
         prompt, ids = enc[i]
         res = generate(target, drafts, profile, ids, draft, schedule, stop)
         append_record(run, record(res, prompt, ids, it, draft, schedule), shard=shard)

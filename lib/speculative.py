@@ -247,9 +247,18 @@ def propose(draft: Draft, s: Sequence, kk: int) -> torch.Tensor:
     n = len(s.seq)
     if kk == 0:
         return s.buf[n:n]                                                    # (0,): nothing to propose
-    props = draft.propose(s.buf[None, s.d_pos:n].to(draft.runner.device), s.d_pos, kk)
+    props = draft.propose(to_device(s.buf[None, s.d_pos:n], draft), s.d_pos, kk)
     s.d_pos = n + kk - 1
-    return props.to(s.buf.device)
+    return to_device(props, draft, s.buf.device)
+
+
+def to_device(x: torch.Tensor, draft: Draft, device=None) -> torch.Tensor:
+    """Tokens to the draft's device (or back to `device`); between two GPUs the copy is timed as 'transfer'."""
+    device = device or draft.runner.device
+    if x.device == device:
+        return x
+    with draft.runner.clock.span("transfer", x.device):
+        return x.to(device)
 
 
 def verify(target: Target, props: torch.Tensor, pending: torch.Tensor | None, s: Sequence, kk: int):
@@ -295,7 +304,7 @@ def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_ne
     res, P = Result([], 1000 * (t1 - t0), 0.0, append_calls=1), len(prompt)
     s.stopped = s.seq[-1] in stop
     with clock.span("initial"):
-        draft.runner.prefill(s.buf[None, :P].to(draft.runner.device))        # draft prefill
+        draft.runner.prefill(to_device(s.buf[None, :P], draft))              # draft prefill
         pending = target.greedy(s.buf[None, P:P + 1], P)                     # initial target append
     s.t_pos, s.d_pos = P + 1, P
     appender = Appender(target, schedule == PIPELINED)
