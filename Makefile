@@ -1,8 +1,9 @@
 # Profiles (params/<name>.yaml; params/thesis_tables.yaml holds the thesis's numbers, not a profile):
-#   smoke    tiny synthetic pair, fp32 on a CPU (the default; CI and nbval)
+#   smoke    tiny synthetic pair, fp32 on a CPU (CI and nbval; about 2 minutes)
 #   h100     shape-faithful synthetic pair, bf16 on one 80 GB GPU (every timing in the study)
+#   h100awq  the h100 pair with the 32B-shaped target as AWQ int4 (gptqmodel marlin; needs its wheels on the GPU)
 #   two_gpu  the h100 pair on two GPUs of one host, adding the pipelined schedule
-#   smollm2  real weights on a CPU: SmolLM2-135M as target, its first layers as early-exit drafts
+#   smollm2  real weights on a CPU: SmolLM2-135M as target, its first layers as early-exit drafts (the default; ~7 min)
 #   thesis   the real checkpoints and Spec-Bench prompts (make data first)
 # Targets:
 #   make env        build .venv from environment.yml (every other target does this first)
@@ -11,8 +12,8 @@
 #   make notebooks  re-execute the committed notebooks on smoke in place (nbval references), tidy them
 #   make data       fetch Spec-Bench's question file (thesis profile)
 #   make lab        JupyterLab on the same environment; prints its URL with the token
-# Variables: PROFILE=smoke (a profile above), FRESH=1 (rerun every notebook, new e2e run), LAUNCHER=local|slurm
-PROFILE ?= smoke
+# Variables: PROFILE=smollm2 (a profile above), FRESH=1 (rerun every notebook, new e2e run), LAUNCHER=local|slurm
+PROFILE ?= smollm2
 LAUNCHER ?= local
 FRESH ?=
 VENV := .venv
@@ -36,6 +37,8 @@ $(VENV)/.done: environment.yml
 	  $(PY) -m pip install -q --upgrade pip && \
 	  $(PY) -m pip install -q -r $(VENV)/requirements.txt; \
 	fi
+	sed -n 's/^ *# no-deps: *\([A-Za-z0-9_.-]*==[^ ]*\).*$$/\1/p' environment.yml > $(VENV)/requirements-nodeps.txt
+	$(PY) -m pip install -q --no-deps -r $(VENV)/requirements-nodeps.txt
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	$(PY) -c "import site; open(site.getsitepackages()[0] + '/study_root.pth', 'w').write('$(CURDIR)\n')"
 	touch $@

@@ -14,6 +14,9 @@ def expected_emitted(alpha: float, k: int) -> float:
     return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+COSTED = ("dense", "dense_shared", "flash")      # drafts whose step notebook 02 measures (dense_shared: the dense step)
+
+
 def call_costs(micro: dict, target_step: dict, draft: str = "flash") -> dict:
     """Per-call costs (ms) measured in notebooks 02-03: T_p(n) target call with n tokens, T_q draft step
     (the FlashHead model's step for FlashHead drafts, the dense model's otherwise)."""
@@ -36,6 +39,8 @@ def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
     """Measured decode tok/s beside the cost model fed with the measured mean emitted per round."""
     rows = []
     for mode, r in agg.iterrows():
+        if r.draft not in (modes.BASELINE, *COSTED):
+            continue                                                     # no measured step cost for this draft
         em = 1.0 if r.schedule == modes.BASELINE else r.mean_emitted
         tokens = r.decode_tok_s * r.decode_total_ms / 1000
         initial = r.initial_ms / tokens                                  # I: draft prefill + first append, per token

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import checkpoints
+from . import checkpoints, flash_checkpoint
 from .bench import Clock
 from .config import Profile
 from .heads import DenseHead, GraphedHead
@@ -69,7 +69,7 @@ def build_drafts(profile: Profile, which, clock=None, model=None) -> dict[str, D
         m = checkpoints.load_draft(profile)
         out["dense"] = make_draft(m, DenseHead(m.get_output_embeddings().weight), n, accel, clock)
     if {"flash", "dense_shared"} & set(which):
-        m, fh = checkpoints.load_flash_draft(profile)
+        m, fh = flash_checkpoint.load_flash_draft(profile)
         runner = make_draft(m, fh, n, accel, clock).runner                   # one body for both heads
         for name, head in (("flash", fh), ("dense_shared", DenseHead(m.get_output_embeddings().weight))):
             if name in which:
@@ -82,15 +82,15 @@ def gguf_drafts(profile: Profile, which, accel: Acceleration, n: int, clock=None
     and on the draft device): dense and flash share one early-exit runner (the first exit_layer layers)
     with the dense head or FlashHead; flash_full runs the full depth with FlashHead. Every runner keeps
     its own KV cache, so none disturbs the target's."""
-    dev = torch.device(profile.draft_device)
-    if model is None or model.get_output_embeddings().weight.device != dev:
+    dev, on = torch.device(profile.draft_device), model.get_output_embeddings().weight.device if model else None
+    if on is None or (on.type, on.index or 0) != (dev.type, dev.index or 0):           # "cuda" is "cuda:0"
         model = checkpoints.load_draft(profile)
     depth = model.config.num_hidden_layers
     exit_layer = profile.models.exit_layer
     if not 1 <= exit_layer < depth:
         raise ValueError(f"{profile.name}: models.exit_layer is {exit_layer}, the model has {depth} layers (use 1..{depth - 1})")
     W = model.get_output_embeddings().weight
-    fh = checkpoints.load_flash_head(profile, W) if {"flash", "flash_full"} & set(which) else None
+    fh = flash_checkpoint.load_flash_head(profile, W) if {"flash", "flash_full"} & set(which) else None
     out = {}
     if {"dense", "flash"} & set(which):
         runner = make_draft(model, DenseHead(W), n, accel, clock, n_layers=exit_layer).runner

@@ -10,6 +10,7 @@ import torch
 
 from . import bench
 from .costmodel import expected_emitted, tpot_ms
+from .modes import DEFERRED, ORDINARY
 from .runner import Runner
 
 
@@ -86,7 +87,7 @@ def depth_table(agree: dict, n_layers: int, k: int, costs: dict) -> pd.DataFrame
         em = expected_emitted(alpha, k)
         rows.append({"exit_layer": n, "acceptance": alpha, "simulated_emitted": 1 + float(np.mean(rounds)),
                      "expected_emitted": em, "draft_step": step["T_q"] / T1,
-                     **{f"speedup_{s}": T1 / tpot_ms(step, k, em, s) for s in ("ordinary", "deferred")}})
+                     **{f"speedup_{s}": T1 / tpot_ms(step, k, em, s) for s in (ORDINARY, DEFERRED)}})
     return pd.DataFrame(rows).set_index("exit_layer")
 
 
@@ -103,3 +104,8 @@ def exit_depth_table(model, prompts: list[list[int]], k: int, max_new: int = 48,
         raise ValueError(f"exit depths must be in 1..{L - 1} (the model has {L} layers), got {depths}")
     agree = agreements(model, prompts, max_new, depths, stop)
     return depth_table(agree, L, k, costs or measure_costs(model, k))
+
+
+def table_depths(n_layers: int) -> list[int]:
+    """The depths notebook 02 tabulates: every second layer, and the last one below full depth."""
+    return sorted(set(range(2, n_layers, 2)) | {n_layers - 1})

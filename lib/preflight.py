@@ -66,6 +66,9 @@ def disk_needed(profile: Profile) -> int:
     b = BYTES[profile.dtype]
     draft = decoder_params(syn.draft, syn.vocab_size, tied=True) * b
     target = decoder_params(syn.target, syn.vocab_size, tied=False) * b if syn.save_target else 0
+    if syn.target_quant == "awq":
+        from .quantize import checkpoint_bytes
+        target = checkpoint_bytes(syn.target, syn.vocab_size)                # int4 codes, scales, fp16 head
     return 2 * draft + target                                                # draft, its FlashHead copy, target
 
 

@@ -1,22 +1,18 @@
-"""Notebook 04: per-mode aggregates, metric identities, the thesis's tables 4.1-4.11 beside ours,
-figures, and outputs/<profile>/summary.json."""
+"""Notebook 04: per-mode aggregates, metric identities, the thesis's tables 4.1-4.11 beside ours, and
+outputs/<profile>/summary.json (figures: lib/figures.py)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 import pandas as pd
 import yaml
 
 from . import modes
-from .modes import DEFERRED, ORDINARY, PIPELINED
 from .config import PARAMS, Profile, outputs_root
+from .modes import DEFERRED, ORDINARY, PIPELINED
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import seaborn as sns  # noqa: E402
 
 def thesis_modes(schedule: str) -> list[str]:
     """The modes the thesis compares under a schedule: baseline, dense draft, FlashHead draft."""
@@ -61,6 +57,23 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     for phase in ("initial", "draft", "verify", "finalize"):
         out[phase + "_share"] = out[phase + "_ms"] / out.decode_total_ms
     return out.reindex([m for m in modes.LABELS if m in out.index])
+
+
+def acceptance_by_group(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Acceptance (accepted / proposed, pooled) and mean emitted per speculative mode and prompt group, with
+    a 95% bootstrap interval over samples (a sample's rounds are not independent draws), and over all groups."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    spec = df[df["mode"] != modes.BASELINE]
+    for (mode, group), g in list(spec.groupby(["mode", "group"], sort=False)) + \
+            [((m, "all"), g) for m, g in spec.groupby("mode", sort=False)]:
+        acc, prop = g.accepted.to_numpy(float), g.proposed.to_numpy(float)
+        idx = rng.integers(0, len(g), (n_boot, len(g)))
+        boot = acc[idx].sum(1) / np.maximum(prop[idx].sum(1), 1)
+        rows.append({"mode": mode, "group": group, "samples": len(g), "acceptance": acc.sum() / max(prop.sum(), 1),
+                     "ci_low": np.percentile(boot, 2.5), "ci_high": np.percentile(boot, 97.5),
+                     "mean_emitted": (g.accepted.sum() + g.rounds.sum()) / max(g.rounds.sum(), 1)})
+    return pd.DataFrame(rows).set_index(["mode", "group"])
 
 
 def identities(df: pd.DataFrame) -> pd.DataFrame:
@@ -256,54 +269,6 @@ def save_tables(tabs: dict[str, pd.DataFrame], profile: Profile, run: Path) -> P
     return d
 
 
-# ---------------------------------------------------------------- figures
-
-def figures(df: pd.DataFrame, agg: pd.DataFrame, micro: dict, out_dir: Path) -> dict[str, Path]:
-    d = Path(out_dir) / "figures"
-    d.mkdir(parents=True, exist_ok=True)
-    sns.set_theme(style="whitegrid", context="notebook")
-    paths = {}
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    for ax, key, title in ((axes[0], "head", "Head latency"), (axes[1], "model_step", "Draft decode step")):
-        raw = micro[key]["raw_ms"]
-        long = pd.DataFrame([(k, v) for k, vs in raw.items() for v in vs], columns=["head", "ms"])
-        sns.boxplot(long, x="head", y="ms", ax=ax, hue="head", legend=False)
-        ax.set(title=title, xlabel="", ylabel="ms per call")
-    paths["latency"] = _save(fig, d / "latency_distributions.png")
-
-    spec = agg[agg.index != modes.BASELINE]
-    shares = spec[["initial_share", "draft_share", "verify_share", "finalize_share"]].rename(
-        index=modes.LABELS, columns=lambda c: c.replace("_share", ""))
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    shares.plot.barh(stacked=True, ax=ax, colormap="viridis")
-    ax.set(xlabel="share of decode wall time", title="Phase shares per round schedule")
-    ax.legend(bbox_to_anchor=(1.01, 1), loc="upper left", fontsize=8)
-    paths["phases"] = _save(fig, d / "phase_shares.png")
-
-    lens = df[df["mode"] != modes.BASELINE][["mode", "accepted_lengths"]].explode("accepted_lengths")
-    lens["accepted"] = lens.accepted_lengths.astype(int)
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    sns.histplot(lens, x="accepted", hue="mode", multiple="dodge", discrete=True, stat="probability",
-                 common_norm=False, ax=ax, shrink=0.8)
-    ax.set(title="Accepted draft tokens per round (synthetic pair: acceptance is artificial)", xlabel="accepted")
-    paths["accepted"] = _save(fig, d / "accepted_lengths.png")
-
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    tps = df.assign(tok_s=1000 * df.decode_tokens / df.decode_ms)
-    sns.boxplot(tps, y="mode", x="tok_s", ax=ax, order=list(agg.index), hue="mode", legend=False)
-    ax.set(title="Per-sample decode throughput", xlabel="decode tok/s", ylabel="")
-    paths["throughput"] = _save(fig, d / "decode_throughput.png")
-    return paths
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 # ---------------------------------------------------------------- summary.json
 
 def run_source(profile: Profile, run: Path) -> dict:
@@ -326,7 +291,8 @@ def summary(profile: Profile, device: str, clus: dict, micro: dict, agg: pd.Data
                                           "transfer_ms")}
     out = {
         "profile": profile.name, "device": device, **run_source(profile, run),
-        "acceptance_note": "synthetic pair: acceptance is artificial" if profile.models.source == "synthetic" else "real models",
+        "real_weights": profile.models.source != "synthetic",
+        "acceptance_note": acceptance_note(profile),
         "clustering": {k: clus[k] for k in keep if k in clus},
         "head": {"dense_ms": micro["head"]["dense"]["mean_ms"], "flash_ms": micro["head"]["flash"]["mean_ms"],
                  "speedup": micro["head"]["speedup"], "n_probes": micro["n_probes"]},
@@ -334,8 +300,19 @@ def summary(profile: Profile, device: str, clus: dict, micro: dict, agg: pd.Data
                        "flash_ms": micro["model_step"]["flash"]["mean_ms"], "speedup": micro["model_step"]["speedup"]},
         "e2e": e2e,
     }
+    if profile.models.source == "gguf":
+        out.update(model_file=profile.models.gguf_file, model_sha256=profile.models.gguf_sha256,
+                   exit_layer=profile.models.exit_layer)
     out.update(extra or {})
     return out
+
+
+def acceptance_note(profile: Profile) -> str:
+    if profile.models.source == "synthetic":
+        return "synthetic pair: acceptance is artificial"
+    if profile.models.source == "gguf":
+        return "real weights: SmolLM2-135M-Instruct and its own early-exit drafts (self-speculation), not the thesis's pair"
+    return "real models"
 
 
 def _num(v):

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import bench, checkpoints, clustering as cl, engines, preflight, prompts as prompt_lib, runs
+from . import (bench, checkpoints, clustering as cl, engines, exit_depth, flash_checkpoint, modes, preflight,
+               prompts as prompt_lib, runs)
 from .config import Profile, load_profile
 from .heads import GraphedHead
 from .runner import Runner
@@ -22,6 +23,8 @@ def setup(profile_name: str, analysis_only: bool = False) -> Profile:
     profile = load_profile(profile_name)
     if not analysis_only:
         preflight.check(profile)
+    if profile.target_device == profile.draft_device == "cpu":
+        torch.set_num_threads(1)                  # small decoders: one intra-op thread beats two contending ones
     random.seed(profile.seed)
     np.random.seed(profile.seed)
     torch.manual_seed(profile.seed)
@@ -39,15 +42,31 @@ def encoded_prompts(profile: Profile, tokenizer=None) -> list[tuple[prompt_lib.P
     """The profile's prompts with their token ids (the draft's tokenizer unless one is given)."""
     tokenizer = tokenizer or checkpoints.load_tokenizer(profile)
     ps = prompt_set(profile)
-    return list(zip(ps, prompt_lib.encode(ps, tokenizer, profile.decode.max_prompt_tokens)))
+    ids = prompt_lib.encode(ps, tokenizer, profile.decode.max_prompt_tokens, profile.prompts.chat_template)
+    return list(zip(ps, ids))
 
 
 @torch.no_grad()
-def hidden_states(model, prompt_ids: list[list[int]]) -> torch.Tensor:
-    """The model's final normed hidden states at every prompt position: (sum of lengths, d)."""
-    runner = Runner(model, max(len(p) for p in prompt_ids))
-    dev = runner.device
-    return torch.cat([runner.forward(torch.tensor([p], device=dev), 0, graph=False)[0] for p in prompt_ids])
+def hidden_states(model, seqs: list[list[int]], n_layers: int | None = None, skip: list[int] | None = None):
+    """Final normed hidden states (sum of kept positions, d) of the model (its first n_layers: an early-exit
+    draft) at every position of each sequence, after its first skip[i] positions."""
+    runner = Runner(model, max(len(p) for p in seqs), n_layers=n_layers)
+    dev, skip = runner.device, skip or [0] * len(seqs)
+    return torch.cat([runner.forward(torch.tensor([p], device=dev), 0, graph=False)[0, s:] for p, s in zip(seqs, skip)])
+
+
+def greedy_trajectories(profile: Profile, model, enc: list) -> tuple[list[list[int]], list[int]]:
+    """Each prompt followed by the model's own greedy continuation (the positions a draft is asked about),
+    and where each continuation starts (the last prompt position predicts its first token)."""
+    stop, n = stop_tokens(profile), profile.decode.max_new_tokens
+    seqs = [ids + exit_depth.greedy_trajectory(model, ids, n, stop)[:-1] for _, ids in enc]
+    return seqs, [len(ids) - 1 for _, ids in enc]
+
+
+def containment_sweep(H: torch.Tensor, W: torch.Tensor, cents: torch.Tensor, assign: torch.Tensor, c) -> list[dict]:
+    """Top-1 and top-k containment of the dense head's choice in FlashHead's probed clusters, per probe count."""
+    return [{"n_probes": p, "top1": cl.containment(H, W, cents, assign, p, 1),
+             f"top{c.top_k}": cl.containment(H, W, cents, assign, p, c.top_k)} for p in c.probe_sweep]
 
 
 # ---------------------------------------------------------------- notebook 01: re-clustering
@@ -69,9 +88,11 @@ def recluster(profile: Profile, progress: bool = True) -> dict:
     assign_u = cl.spherical_kmeans(x, c.n_clusters, c.iterations, profile.seed, False, progress=progress)
     cents = cl.centroids_of(cl.unit(x), assign, c.n_clusters)
     sizes = torch.bincount(assign, minlength=c.n_clusters)
-    H = hidden_states(draft, [ids for _, ids in encoded_prompts(profile, tok)]).to(W.dtype)
-    sweep = [{"n_probes": p, "top1": cl.containment(H, W, cents, assign, p, 1),
-              f"top{c.top_k}": cl.containment(H, W, cents, assign, p, c.top_k)} for p in c.probe_sweep]
+    enc = encoded_prompts(profile, tok)
+    depth = profile.models.exit_layer                                        # early-exit drafts: their own depth
+    H = hidden_states(draft, [ids for _, ids in enc], depth).to(W.dtype)
+    seqs, starts = greedy_trajectories(profile, draft, enc)
+    H_traj = hidden_states(draft, seqs, depth, starts).to(W.dtype)
     result = {
         "n_tokens": int(W.shape[0]), "hidden_size": int(W.shape[1]), "n_clusters": c.n_clusters,
         "cluster_size": int(W.shape[0] // c.n_clusters), "equal_sizes": bool((sizes == sizes[0]).all()),
@@ -81,16 +102,18 @@ def recluster(profile: Profile, progress: bool = True) -> dict:
         "mean_cosine": cl.objective(x, assign, c.n_clusters),
         "mean_cosine_unconstrained": cl.objective(x, assign_u, c.n_clusters),
         "unconstrained_size_range": [int(s) for s in torch.bincount(assign_u, minlength=c.n_clusters).aminmax()],
-        "n_probes": c.n_probes, "n_hidden_states": int(H.shape[0]),
+        "n_probes": c.n_probes, "n_hidden_states": int(H.shape[0]), "draft_depth": depth,
         "top1_containment": cl.containment(H, W, cents, assign, c.n_probes, 1),
         f"top{c.top_k}_containment": cl.containment(H, W, cents, assign, c.n_probes, c.top_k),
-        "probe_sweep": sweep,
+        "probe_sweep": containment_sweep(H, W, cents, assign, c),
+        "n_trajectory_states": int(H_traj.shape[0]),
+        "trajectory_probe_sweep": containment_sweep(H_traj, W, cents, assign, c),
     }
     if c.compare_shipped:
         result["shipped"] = compare_shipped(profile, x, H, W, assign, cents)
-    if profile.models.source == "synthetic":
-        checkpoints.save_flash_checkpoint(checkpoints.model_path(profile, "draft"), profile.flash_dir, cents, assign,
-                                     c.n_probes, checkpoints.special_token_ids(tok))
+    if profile.models.source != "pretrained":                                # we made the clustering: write it
+        flash_checkpoint.save_flash_checkpoint(checkpoints.model_path(profile, "draft"), profile.flash_dir, cents, assign,
+                                     c.n_probes, flash_checkpoint.special_token_ids(tok))
     save_json(profile, "clustering.json", result)
     return result
 
@@ -100,7 +123,7 @@ def compare_shipped(profile: Profile, x: torch.Tensor, H: torch.Tensor, W: torch
     """Our re-clustering against the FlashHead checkpoint's own: objectives, agreement, containment."""
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
     c = profile.clustering
-    _, shipped_cents, shipped = checkpoints.read_flash_checkpoint(profile.flash_dir, W.shape[1], W.shape[0])
+    _, shipped_cents, shipped = flash_checkpoint.read_flash_checkpoint(profile.flash_dir, W.shape[1], W.shape[0])
     shipped = shipped.to(W.device)
     ours, theirs = assign.cpu().numpy(), shipped.cpu().numpy()
     n = shipped_cents.shape[0]
@@ -114,7 +137,7 @@ def compare_shipped(profile: Profile, x: torch.Tensor, H: torch.Tensor, W: torch
 
 def ensure_flash_checkpoint(profile: Profile) -> Path:
     """The FlashHead draft checkpoint, made by re-clustering if an earlier notebook has not made it."""
-    if profile.models.source == "synthetic" and not (profile.flash_dir / "config.json").exists():
+    if profile.models.source != "pretrained" and not (profile.flash_dir / "config.json").exists():
         recluster(profile, progress=False)
     return profile.flash_dir
 
@@ -227,3 +250,47 @@ def extra_summary(profile: Profile) -> dict:
     """Profile-specific additions to summary.json (GPU profiles add target-step timings)."""
     path = profile.out_dir / "target_step.json"
     return {"target_step": json.loads(path.read_text())} if path.exists() else {}
+
+
+def decoded_samples(profile: Profile, records: list[dict], n: int = 3):
+    """The text of the first n prompts' outputs, baseline beside every speculative mode (first iteration)."""
+    import pandas as pd
+    tok = checkpoints.load_tokenizer(profile)
+    qids = list(dict.fromkeys(r["question_id"] for r in records))[:n]
+    rows = [{"question_id": r["question_id"], "mode": r["mode"], "exact_match": r.get("exact_match"),
+             "text": tok.decode(r["tokens"])} for r in records if r["question_id"] in qids and r["iteration"] == 0]
+    return pd.DataFrame(rows).sort_values(["question_id", "mode"], key=lambda c: c.map(str)).reset_index(drop=True)
+
+
+@torch.no_grad()
+def divergences(profile: Profile, records: list[dict], target_model) -> list[dict]:
+    """For every sample whose output differs from the baseline's: the first divergent position and the
+    target's top-1 minus top-2 logit gap there, with the shared prefix fed one token at a time (as the
+    baseline feeds it) and in one batch (as a verify call does). A near-tie of low-precision arithmetic
+    shows as a gap of a few ulps of the logits; a defect as a large gap. Written to divergences.json."""
+    enc = {p.question_id: ids for p, ids in encoded_prompts(profile)}
+    base = {(r["iteration"], r["question_id"]): r["tokens"] for r in records if r["draft"] == modes.BASELINE}
+    runner = Runner(target_model, engines.cache_len(profile))
+    W = target_model.get_output_embeddings().weight
+    out = []
+    for r in records:
+        ref = base.get((r["iteration"], r["question_id"]))
+        if r.get("exact_match", True) or ref is None:
+            continue
+        j = next(i for i, (a, b) in enumerate(zip(r["tokens"] + [-1], ref + [-1])) if a != b)
+        ids = enc[r["question_id"]] + ref[:j]                               # the shared context before position j
+        dev = W.device
+        h_batch = runner.forward(torch.tensor([ids], device=dev), 0, graph=False)[0, -1]
+        runner.forward(torch.tensor([ids[:len(enc[r["question_id"]])]], device=dev), 0, graph=False)
+        h_step = h_batch
+        for pos in range(len(enc[r["question_id"]]), len(ids)):                # one token at a time
+            h_step = runner.forward(torch.tensor([[ids[pos]]], device=dev), pos, graph=False)[0, -1]
+        gaps = {}
+        for name, h in (("stepwise", h_step), ("batched", h_batch)):
+            top = (h @ W.T).float().topk(2).values
+            gaps[f"gap_{name}"] = float(top[0] - top[1])
+        out.append({"mode": r["mode"], "question_id": r["question_id"], "iteration": r["iteration"], "position": j,
+                    "baseline_token": ref[j] if j < len(ref) else None,
+                    "mode_token": r["tokens"][j] if j < len(r["tokens"]) else None, **gaps})
+    save_json(profile, "divergences.json", {"dtype": profile.dtype, "divergences": out})
+    return out

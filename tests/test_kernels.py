@@ -57,16 +57,22 @@ def flash_ref(h, W, cents, c2t_ext, p):
     return cand[logits == logits.max()].min()
 
 
-@pytest.mark.parametrize("seed", range(4))
+FAST, FULL = dict(S=64), dict(S=2, TF=8, T=2)      # slab fits every bin / overflows: full select, tiled
+
+
+@pytest.mark.parametrize("seed", range(3))
 def test_flash_matches_reference_with_ties(seed):
     g, W, cents, c2t_ext = problem(seed)
     c = cents.shape[0]
-    for p in (1, 2, 3, 4, 5, 8, 16, 36, c):
-        for tiles in (dict(), dict(TF=8, T=2)):                        # one tile, several tiles
+    paths = set()
+    for p in (1, 2, 3, 5, 16, 36, c):
+        for cfg in (FAST, FULL):
             h = ints(g, 1, W.shape[1])
-            got = K.flash_greedy_triton(h, W, cents, c2t_ext, p, R=8, BLOCK_D=16, **tiles)
+            got = K.flash_greedy_triton(h, W, cents, c2t_ext, p, R=8, BLOCK_D=16, **cfg)
             assert got.shape == (1,) and got.dtype == torch.int64
-            assert got.item() == flash_ref(h, W, cents, c2t_ext, p).item(), (p, tiles)
+            assert got.item() == flash_ref(h, W, cents, c2t_ext, p).item(), (p, cfg)
+            paths.add((cfg["S"], K._scratch(h.device, c, cfg["S"])["plan"][3].item()))
+    assert paths == {(64, 0), (2, 0), (2, 1)}                          # both paths ran
 
 
 def test_flash_all_scores_equal():
@@ -75,8 +81,8 @@ def test_flash_all_scores_equal():
     cents = torch.ones_like(cents)
     h = ints(g, 1, W.shape[1])
     for p in (1, 3, 8, cents.shape[0]):
-        for tiles in (dict(), dict(TF=16, T=4)):
-            got = K.flash_greedy_triton(h, W, cents, c2t_ext, p, R=4, BLOCK_D=8, **tiles)
+        for cfg in (FAST, FULL):
+            got = K.flash_greedy_triton(h, W, cents, c2t_ext, p, R=4, BLOCK_D=8, **cfg)
             assert got.item() == flash_ref(h, W, cents, c2t_ext, p).item()
 
 
@@ -84,7 +90,7 @@ def test_flash_special_token_wins():
     g, W, cents, c2t_ext = problem(3)
     W[70] = 50.0                                                        # a special token, scored always
     h = torch.ones(1, W.shape[1])
-    assert K.flash_greedy_triton(h, W, cents, c2t_ext, 1).item() == 70
+    assert K.flash_greedy_triton(h, W, cents, c2t_ext, 1, S=8).item() == 70
 
 
 def test_flash_matches_flashhead_reference():
@@ -103,7 +109,7 @@ def test_flash_matches_flashhead_reference():
         fh = head.with_probes(p)
         for t in torch.randint(0, c * b, (4,), generator=g):
             h = W[t][None] + 0.3 * torch.randn(1, d, generator=g)
-            assert K.flash_greedy_triton(h, W, cents, c2t_ext, p).item() == fh.reference(h).item()
+            assert K.flash_greedy_triton(h, W, cents, c2t_ext, p, S=16).item() == fh.reference(h).item()
 
 
 def test_flash_repeated_calls_leave_state_clean():
@@ -112,8 +118,8 @@ def test_flash_repeated_calls_leave_state_clean():
     for i in range(6):
         h = ints(g, 1, W.shape[1])
         p = 1 + i * 5
-        assert K.flash_greedy_triton(h, W, cents, c2t_ext, p).item() == flash_ref(h, W, cents, c2t_ext, p).item()
-    s = K._scratch(h.device, cents.shape[0])
+        assert K.flash_greedy_triton(h, W, cents, c2t_ext, p, S=8).item() == flash_ref(h, W, cents, c2t_ext, p).item()
+    s = K._scratch(h.device, cents.shape[0], 8)
     assert s["count"].eq(0).all() and s["hist"].eq(0).all() and s["best"].item() == -2 ** 63
 
 

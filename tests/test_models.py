@@ -2,9 +2,11 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
-from lib import checkpoints
-from lib.checkpoints import load_model, read_flash_checkpoint, save_flash_checkpoint
+from lib import checkpoints, flash_checkpoint
+from lib.checkpoints import load_model
+from lib.flash_checkpoint import read_flash_checkpoint, save_flash_checkpoint
 from lib.runner import Runner
 
 from conftest import DRAFT_D, N_CLUSTERS, SPECIAL_IDS, VOCAB
@@ -152,9 +154,9 @@ def flash_dir(draft_dir, draft_clustering, tmp_path):
 
 def rewrite_assets(path, **tensors):
     file = path / ASSETS
-    t = checkpoints.load_file(str(file))
+    t = load_file(str(file))
     t.update(tensors)
-    checkpoints.save_file({k: v.contiguous() for k, v in t.items()}, str(file))
+    save_file({k: v.contiguous() for k, v in t.items()}, str(file))
 
 
 def edit_config(path, **changes):
@@ -197,7 +199,7 @@ def test_save_flash_checkpoint_replaces_existing_dir(flash_dir, draft_dir, draft
 
 
 def test_written_in_embedls_layout(flash_dir, draft_clustering):
-    stored = checkpoints.load_file(str(flash_dir / ASSETS))["centroids"]
+    stored = load_file(str(flash_dir / ASSETS))["centroids"]
     assert stored.shape == (1, 1, DRAFT_D, N_CLUSTERS)                     # (1, 1, d, c), as Embedl ships it
 
 
@@ -250,9 +252,9 @@ def test_checkpoint_probes_used_when_the_profile_sets_none(flash_dir):
     p = load_profile("smoke")
     p = replace(p, models=replace(p.models, source="pretrained", target="x", draft="x", flash_draft=str(flash_dir)),
                 clustering=replace(p.clustering, n_probes=None))
-    _, head = checkpoints.load_flash_draft(p)
+    _, head = flash_checkpoint.load_flash_draft(p)
     assert head.n_probes == 4                                               # the checkpoint's n_probes
-    _, head = checkpoints.load_flash_draft(replace(p, clustering=replace(p.clustering, n_probes=7)))
+    _, head = flash_checkpoint.load_flash_draft(replace(p, clustering=replace(p.clustering, n_probes=7)))
     assert head.n_probes == 7
 
 
@@ -275,8 +277,8 @@ def test_read_missing_flash_key(flash_dir, key):
 
 
 def test_read_missing_tensor(flash_dir):
-    t = checkpoints.load_file(str(flash_dir / ASSETS))
-    checkpoints.save_file({"centroids": t["centroids"]}, str(flash_dir / ASSETS))
+    t = load_file(str(flash_dir / ASSETS))
+    save_file({"centroids": t["centroids"]}, str(flash_dir / ASSETS))
     with pytest.raises(ValueError, match="cluster_assignments"):
         read_flash_checkpoint(flash_dir)
 

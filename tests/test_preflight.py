@@ -71,3 +71,11 @@ def test_no_disk_needed_once_the_models_exist(monkeypatch, tmp_path):
     (tmp_path / "smoke").mkdir()
     (tmp_path / "smoke" / "stamp.json").write_text("{}")
     assert preflight.disk_needed(p) == 0
+
+
+def test_awq_target_is_counted_at_its_packed_size(monkeypatch, tmp_path):
+    monkeypatch.setenv("STUDY_MODELS", str(tmp_path))
+    awq, bf16 = load_profile("h100awq"), load_profile("h100")
+    need = preflight.disk_needed(awq)
+    assert 19e9 < need - preflight.disk_needed(bf16) < 20e9                  # the 19.3 GB int4 checkpoint
+    assert need * preflight.HEADROOM < 60 * 2**30                             # fits the GPU machine's 64 GB disk

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
-from lib import checkpoints
+from lib import checkpoints, flash_checkpoint
 from lib.config import load_profile
 from lib.heads import DenseHead, FlashHead
-from lib.checkpoints import read_flash_checkpoint
+from lib.flash_checkpoint import read_flash_checkpoint
 from lib.engines import make_draft, make_target
 from lib.runner import Runner
 from lib.speculative import Draft, Target, generate_baseline, generate_speculative
@@ -128,7 +129,7 @@ def drafts(profile):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         draft = checkpoints.load_draft(profile)
-        flash, head = checkpoints.load_flash_draft(profile)
+        flash, head = flash_checkpoint.load_flash_draft(profile)
     return dict(draft=draft, flash=flash, head=head)
 
 
@@ -207,7 +208,7 @@ def test_older_flash_model_type_loads_as_qwen3(profile, ckpts, tmp_path):
     cfg = json.loads((d / "config.json").read_text())
     cfg["model_type"] = "flash_head_qwen3"                              # unknown to AutoConfig without remote code
     (d / "config.json").write_text(json.dumps(cfg))
-    model, head = checkpoints.load_flash_draft(replace(profile, models=replace(profile.models, flash_draft=str(d))))
+    model, head = flash_checkpoint.load_flash_draft(replace(profile, models=replace(profile.models, flash_draft=str(d))))
     assert type(model).__name__ == "Qwen3ForCausalLM" and head.n_clusters == fx.N_CLUSTERS
 
 
@@ -233,7 +234,7 @@ def test_hub_ids_load_from_the_local_cache(monkeypatch, tmp_path, ckpts, profile
     cfg, _, assign = read_flash_checkpoint(p.flash_dir)               # notebook 01 reads the hub id like this
     assert cfg["n_clusters"] == fx.N_CLUSTERS and assign.numel() == fx.VOCAB
     draft = checkpoints.load_draft(p)
-    flash, head = checkpoints.load_flash_draft(p)
+    flash, head = flash_checkpoint.load_flash_draft(p)
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         assert torch.equal(draft(ids).logits, drafts["draft"](ids).logits)
@@ -245,11 +246,11 @@ def test_hub_ids_load_from_the_local_cache(monkeypatch, tmp_path, ckpts, profile
 
 def corrupt(ckpts, tmp_path, what: str) -> Path:
     d = shutil.copytree(ckpts["flash_draft"], tmp_path / f"flash-{what}")
-    t = checkpoints.load_file(str(d / ASSETS))
+    t = load_file(str(d / ASSETS))
     if what == "unequal":
         a = t["cluster_assignments"].clone()
         a[0] = (a[0] + 1) % fx.N_CLUSTERS
-        checkpoints.save_file({"centroids": t["centroids"], "cluster_assignments": a}, str(d / ASSETS))
+        save_file({"centroids": t["centroids"], "cluster_assignments": a}, str(d / ASSETS))
     elif what == "vocab":
         cfg = json.loads((d / "config.json").read_text())
         cfg["vocab_size"] = 2 * fx.VOCAB
