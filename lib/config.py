@@ -196,6 +196,28 @@ def _check(tp, value, key: str):
     return value
 
 
+def _validate_synthetic(p: Profile, need) -> None:
+    s = p.models.synthetic
+    need(s.n_families < s.draft.hidden_size, "models.synthetic.n_families must be below draft.hidden_size")
+    need(s.target.hidden_size >= s.draft.hidden_size, "models.synthetic: target.hidden_size must be >= draft.hidden_size")
+    for nm, sh in (("target", s.target), ("draft", s.draft)):
+        need(sh.intermediate_size >= 2 * sh.hidden_size, f"models.synthetic.{nm}.intermediate_size must be >= 2*hidden_size")
+    need(s.target_quant in ("", "awq"), f"models.synthetic.target_quant must be '' or awq, got {s.target_quant!r}")
+    if s.target_quant == "awq":
+        t = s.target
+        need(s.save_target, "models.synthetic.target_quant awq needs save_target: true (the int4 target is "
+             "written and loaded back through gptqmodel)")
+        need(p.dtype != "bfloat16", "models.synthetic.target_quant awq needs dtype float16 (or float32 on a CPU): "
+             "transformers runs AWQ models in fp16 on CUDA")
+        need(all(i % 128 == 0 for i in (t.hidden_size, t.intermediate_size, t.num_attention_heads * t.head_dim)),
+             "models.synthetic.target_quant awq needs target hidden_size, intermediate_size and "
+             "num_attention_heads*head_dim divisible by the group size 128")
+        need(t.num_key_value_heads * t.head_dim % 8 == 0, "models.synthetic.target_quant awq needs "
+             "num_key_value_heads*head_dim divisible by 8")
+    need(s.vocab_size % p.clustering.n_clusters == 0,
+         f"clustering.n_clusters ({p.clustering.n_clusters}) must divide the vocabulary ({s.vocab_size})")
+
+
 def _validate(p: Profile, where: str) -> None:
     def need(cond: bool, msg: str):
         if not cond:
@@ -205,25 +227,7 @@ def _validate(p: Profile, where: str) -> None:
          f"models.source must be synthetic, pretrained or gguf, got {p.models.source!r}")
     if p.models.source == "synthetic":
         need(p.models.synthetic is not None, "models.synthetic is required when models.source is synthetic")
-        s = p.models.synthetic
-        need(s.n_families < s.draft.hidden_size, "models.synthetic.n_families must be below draft.hidden_size")
-        need(s.target.hidden_size >= s.draft.hidden_size, "models.synthetic: target.hidden_size must be >= draft.hidden_size")
-        for nm, sh in (("target", s.target), ("draft", s.draft)):
-            need(sh.intermediate_size >= 2 * sh.hidden_size, f"models.synthetic.{nm}.intermediate_size must be >= 2*hidden_size")
-        need(s.target_quant in ("", "awq"), f"models.synthetic.target_quant must be '' or awq, got {s.target_quant!r}")
-        if s.target_quant == "awq":
-            t = s.target
-            need(s.save_target, "models.synthetic.target_quant awq needs save_target: true (the int4 target is "
-                 "written and loaded back through gptqmodel)")
-            need(p.dtype != "bfloat16", "models.synthetic.target_quant awq needs dtype float16 (or float32 on a CPU): "
-                 "transformers runs AWQ models in fp16 on CUDA")
-            need(all(i % 128 == 0 for i in (t.hidden_size, t.intermediate_size, t.num_attention_heads * t.head_dim)),
-                 "models.synthetic.target_quant awq needs target hidden_size, intermediate_size and "
-                 "num_attention_heads*head_dim divisible by the group size 128")
-            need(t.num_key_value_heads * t.head_dim % 8 == 0, "models.synthetic.target_quant awq needs "
-                 "num_key_value_heads*head_dim divisible by 8")
-        need(s.vocab_size % p.clustering.n_clusters == 0,
-             f"clustering.n_clusters ({p.clustering.n_clusters}) must divide the vocabulary ({s.vocab_size})")
+        _validate_synthetic(p, need)
     elif p.models.source == "gguf":
         m = p.models
         need(bool(m.gguf_package and m.gguf_file), "models.gguf_package and models.gguf_file are required when models.source is gguf")

@@ -1,9 +1,13 @@
 """Triton kernels for greedy decoding of one hidden state (GPU, or CPU under TRITON_INTERPRET=1).
 
-FlashHead in two launches: (1) G programs score the c centroids, each adding its scores to a histogram
-of their top 12 bits; the last program to finish finds the exact top-p clusters from that histogram and
-a radix select; (2) p+1 programs score the b tokens of one probed cluster each (the last: the special
-tokens); the last program to finish writes the token. The dense head is one launch of the same pattern.
+FlashHead in two launches. (1) G programs score the c centroids; each files its scores' int64 keys in
+a histogram of their top 12 bits (atomic counts; the old count is the key's slot in a per-bin slab).
+The last program to finish reads the histogram: the bin holding the p-th score, the clusters above it
+(all probed) and the m in it (probed if their rank there is < p - #above); on a slab overflow it does
+the exact selection itself (radix select). (2) p + S + 1 programs: program i finds the i-th cluster in
+score order from the histogram and the slab; the p that are probed score their b tokens, one more the
+special tokens, the rest leave; the last of these p + 1 to finish writes the token. The dense head is
+one launch of that last pattern. No sort anywhere: compile time is a few seconds for any p.
 
 Tie rule (both heads): scores and logits are fp32 dot products of the bf16/fp32 inputs, accumulated in
 fp32 (-0.0 counts as +0.0; NaN is not handled). Probes are the p clusters with the largest scores, ties
@@ -51,12 +55,12 @@ def _dot_rows(h_ptr, w_ptr, rows, ok, N: tl.constexpr, D: tl.constexpr, BLOCK_D:
 
 
 @triton.jit
-def _finish(key, best_ptr, count_ptr, out_ptr):
-    """Fold this program's best key into *best_ptr; the last program to arrive writes the token and
-    resets best and the counter for the next call."""
+def _finish(key, best_ptr, count_ptr, out_ptr, n):
+    """Fold this program's best key into *best_ptr; the last of the n programs to arrive writes the
+    token and resets best and the counter for the next call."""
     tl.atomic_max(best_ptr, tl.max(key, axis=0))
     tl.debug_barrier()                                        # the max lands before we count ourselves done
-    if tl.atomic_add(count_ptr, 1) == tl.num_programs(0) - 1:  # acq_rel: sees every other program's max
+    if tl.atomic_add(count_ptr, 1) == n - 1:                  # acq_rel: sees every other program's max
         best = tl.atomic_xchg(best_ptr, _MIN64)
         tl.store(count_ptr, 0)
         tl.store(out_ptr, 0x7FFFFFFF - (best & 0x7FFFFFFF))
@@ -104,13 +108,11 @@ def _select(cand_ptr, m, need, thr, out_ptr, T: tl.constexpr):
 @triton.jit
 def _flash_probes(h_ptr, c_ptr, keys_ptr, hist_ptr, slab_ptr, above_ptr, plan_ptr, cand_ptr, probes_ptr,
                   count_ptr, C, P, D: tl.constexpr, R: tl.constexpr, BLOCK_D: tl.constexpr, S: tl.constexpr,
-                  TF: tl.constexpr, T: tl.constexpr, PDL: tl.constexpr):
+                  TF: tl.constexpr, T: tl.constexpr):
     """Program g scores centroids g*R..g*R+R-1 and files each key under its histogram bin (top 12 bits of
     the score) in a slab of S slots per bin. The last program to finish stores, for the token kernel,
     above_ptr[b] = #clusters in bins above b and plan = (bin of the P-th score, #clusters above it, #in it,
     overflow); on overflow (a bin from that one up holds > S) it selects the top-P ids into probes_ptr."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()                 # the token kernel may start (and wait)
     rows = tl.program_id(0) * R + tl.arange(0, R)
     ok = rows < C
     k = _key(_dot_rows(h_ptr, c_ptr, rows, ok, R, D, BLOCK_D), rows, ok)
@@ -153,12 +155,11 @@ def _flash_probes(h_ptr, c_ptr, keys_ptr, hist_ptr, slab_ptr, above_ptr, plan_pt
 @triton.jit
 def _flash_tokens(h_ptr, w_ptr, c2t_ptr, slab_ptr, above_ptr, plan_ptr, probes_ptr, best_ptr, count_ptr,
                   out_ptr, C, P, D: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, BLOCK_D: tl.constexpr,
-                  S: tl.constexpr, PDL: tl.constexpr):
-    """Program i scores the tokens of the i-th cluster in score order, if it is one of the top P, and
-    the last program the special tokens (row C of c2t, -1 = none); the last to finish writes the token."""
+                  S: tl.constexpr):
+    """Program i scores the tokens of the i-th cluster in score order if it is one of the top P (the
+    others leave), the last program the special tokens (row C of c2t, -1 = none); the last of these
+    P + 1 to finish writes the token."""
     i = tl.program_id(0)
-    if PDL:
-        tl.extra.cuda.gdc_wait()                              # launched early: wait for the plan
     top = tl.load(plan_ptr, cache_modifier=".cg")
     n_up = tl.load(plan_ptr + 1, cache_modifier=".cg")
     m = tl.load(plan_ptr + 2, cache_modifier=".cg")
@@ -176,14 +177,17 @@ def _flash_tokens(h_ptr, w_ptr, c2t_ptr, slab_ptr, above_ptr, plan_ptr, probes_p
     k_c = tl.sum(tl.where(j == i - n_up, row, 0), 0)
     take = up | (cand & (tl.sum((row > k_c).to(tl.int32), 0) < P - n_up))
     cluster = 0x7FFFFFFF - (tl.where(up, k_up, k_c) & 0x7FFFFFFF)
-    cluster = tl.where(full, tl.load(probes_ptr + i, mask=tl.where(full, i < P, False), other=0), cluster)   # selected in K1
+    listed = tl.load(probes_ptr + i, mask=tl.where(full, i < P, False), other=0)   # selected by kernel 1
+    cluster = tl.where(full, listed, cluster)
     take = tl.where(full, i < P, take)
     last = i == tl.num_programs(0) - 1
-    cluster = tl.where(last, C, cluster).to(tl.int64)
-    jb = tl.arange(0, BP)
-    toks = tl.load(c2t_ptr + cluster * B + jb, mask=tl.where(take | last, jb < B, False), other=-1).to(tl.int32)
-    ok = toks >= 0
-    _finish(_key(_dot_rows(h_ptr, w_ptr, toks, ok, BP, D, BLOCK_D), toks, ok), best_ptr, count_ptr, out_ptr)
+    if take | last:                                           # P programs take a cluster, one the specials
+        row_ptr = c2t_ptr + tl.where(last, C, cluster).to(tl.int64) * B
+        jb = tl.arange(0, BP)
+        toks = tl.load(row_ptr + jb, mask=jb < B, other=-1).to(tl.int32)
+        ok = toks >= 0
+        _finish(_key(_dot_rows(h_ptr, w_ptr, toks, ok, BP, D, BLOCK_D), toks, ok), best_ptr, count_ptr, out_ptr,
+                P + 1)
 
 
 @triton.jit
@@ -192,7 +196,8 @@ def _dense_argmax(h_ptr, w_ptr, best_ptr, count_ptr, out_ptr, V, D: tl.constexpr
     """Program g scores rows g*R..g*R+R-1 of W; the last program to finish writes the argmax."""
     rows = tl.program_id(0) * R + tl.arange(0, R)
     ok = rows < V
-    _finish(_key(_dot_rows(h_ptr, w_ptr, rows, ok, R, D, BLOCK_D), rows, ok), best_ptr, count_ptr, out_ptr)
+    _finish(_key(_dot_rows(h_ptr, w_ptr, rows, ok, R, D, BLOCK_D), rows, ok), best_ptr, count_ptr, out_ptr,
+            tl.num_programs(0))
 
 
 _SCRATCH = {}
@@ -212,8 +217,8 @@ def _scratch(device, C, S=1):
     return _SCRATCH[key]
 
 
-def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, R=16, BLOCK_D=1024, BLOCK_D2=512, warps=8,
-                        warps2=8, S=256, TF=4096, T=1024, pdl=False, regs=None):
+def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, R=16, BLOCK_D=1024, BLOCK_D2=1024, warps=8,
+                        warps2=4, S=256, TF=4096, T=1024):
     """h (1,d) -> token (1,) int64 on the device: FlashHead greedy in two Triton launches.
 
     W (V,d), cents (c,d) and h contiguous, same dtype; c2t_ext (c+1,b) int64: row k the tokens of
@@ -221,22 +226,21 @@ def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, R=16, BLOCK_D=1024, BLOC
     power of 2; the fast path needs the P-th score's bin and those above it to hold <= S clusters)."""
     C, D = cents.shape
     B = c2t_ext.shape[1]
-    assert 1 <= n_probes <= C and c2t_ext.shape[0] == C + 1 and TF < 65536 and T < 65536
+    assert 1 <= n_probes <= C and c2t_ext.shape[0] == C + 1 and S & (S - 1) == 0 and TF < 65536 and T < 65536
     s = _scratch(h.device, C, S)
     out = torch.empty(1, dtype=torch.int64, device=h.device)
     bd = min(BLOCK_D, triton.next_power_of_2(D))
     _flash_probes[(triton.cdiv(C, R),)](h, cents, s["keys"], s["hist"], s["slab"], s["above"], s["plan"], s["cand"],
                                         s["probes"], s["count"], C, n_probes, D, R, bd, S,
-                                        min(TF, triton.next_power_of_2(C)), min(T, triton.next_power_of_2(C)), pdl,
-                                        num_warps=warps, **(dict(maxnreg=regs) if regs else {}))
+                                        min(TF, triton.next_power_of_2(C)), min(T, triton.next_power_of_2(C)),
+                                        num_warps=warps)
     _flash_tokens[(n_probes + S + 1,)](h, W, c2t_ext, s["slab"], s["above"], s["plan"], s["probes"], s["best"],
                                        s["count"][1:], out, C, n_probes, D, B, triton.next_power_of_2(B),
-                                       min(BLOCK_D2, bd), S, pdl, num_warps=warps2,
-                                       **(dict(launch_pdl=True) if pdl else {}))
+                                       min(BLOCK_D2, bd), S, num_warps=warps2)
     return out
 
 
-def dense_greedy_triton(h, W, R=16, BLOCK_D=1024, warps=8):
+def dense_greedy_triton(h, W, R=16, BLOCK_D=1024, warps=4):
     """h (1,d) -> argmax_v h.W[v] as (1,) int64 on the device, ties to the smallest v: one launch."""
     V, D = W.shape
     s = _scratch(h.device, 0)

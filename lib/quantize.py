@@ -99,6 +99,21 @@ def checkpoint_bytes(shape, vocab_size: int, tied: bool = False) -> int:
 # ---------------------------------------------------------------- a whole model as an AWQ checkpoint
 
 @torch.no_grad()
+def name_shards(tmp: Path, shards: list[list[str]]) -> None:
+    """Give the written shards Hugging Face's names: model.safetensors, or numbered files and an index."""
+    if len(shards) == 1:
+        (tmp / "shard-00000.safetensors").rename(tmp / "model.safetensors")
+        return
+    n, weight_map = len(shards), {}
+    for j, keys in enumerate(shards):
+        name = f"model-{j + 1:05d}-of-{n:05d}.safetensors"
+        (tmp / f"shard-{j:05d}.safetensors").rename(tmp / name)
+        weight_map.update({k: name for k in keys})
+    total = sum((tmp / f).stat().st_size for f in set(weight_map.values()))
+    (tmp / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=1))
+
+
 def write_awq_model(model, out_dir: str | Path, shard_bytes: int = SHARD_BYTES) -> Path:
     """Write a Qwen3 (or Llama) causal LM as an AWQ GEMM checkpoint directory (config.json with its
     quantization_config, safetensors shards and their index), layer by layer: each decoder layer is
@@ -146,17 +161,7 @@ def write_awq_model(model, out_dir: str | Path, shard_bytes: int = SHARD_BYTES) 
     if not cfg.tie_word_embeddings:
         dense("lm_head.", model.get_output_embeddings())
     flush(force=True)
-    if len(shards) == 1:
-        (tmp / "shard-00000.safetensors").rename(tmp / "model.safetensors")
-    else:
-        n, weight_map = len(shards), {}
-        for j, keys in enumerate(shards):
-            name = f"model-{j + 1:05d}-of-{n:05d}.safetensors"
-            (tmp / f"shard-{j:05d}.safetensors").rename(tmp / name)
-            weight_map.update({k: name for k in keys})
-        total = sum((tmp / f).stat().st_size for f in set(weight_map.values()))
-        (tmp / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=1))
+    name_shards(tmp, shards)
     c = cfg.to_dict()
     c.update(architectures=[type(model).__name__], dtype="float16", quantization_config=dict(QUANT_CONFIG))
     (tmp / "config.json").write_text(json.dumps(c, indent=2))
