@@ -14,20 +14,30 @@ import torch
 _old = os.environ.get("TRITON_INTERPRET")
 if "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton")
-if os.environ.get("TRITON_INTERPRET") != "1" or "lib.kernels" in sys.modules:
-    pytest.skip("triton or lib.kernels was imported without TRITON_INTERPRET=1: run this file alone",
-                allow_module_level=True)
-import lib.kernels as K  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
 def _restore_env():
-    yield
     if _old is None:
         os.environ.pop("TRITON_INTERPRET", None)
     else:
         os.environ["TRITON_INTERPRET"] = _old
+
+
+try:
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1" or "lib.kernels" in sys.modules:
+        pytest.skip("triton or lib.kernels was imported without TRITON_INTERPRET=1: run this file alone",
+                    allow_module_level=True)
+except pytest.skip.Exception:
+    _restore_env()
+    raise
+import lib.kernels as K  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreter_env():
+    yield
+    _restore_env()
 
 
 def ints(g, *shape, lo=-2, hi=2):
