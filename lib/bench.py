@@ -95,6 +95,14 @@ def time_calls(fn, warmup: int, iters: int, device) -> list[float]:
     return out
 
 
+def copy_bandwidth(device, nbytes: int = 2**29) -> float:
+    """Measured device memory bandwidth (bytes/s): a copy of nbytes reads and writes nbytes each."""
+    x = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    ms = float(np.median(time_calls(lambda: y.copy_(x), 3, 20, device)))
+    return 2 * nbytes / (ms / 1000)
+
+
 def interleaved(fns: dict, warmup: int, iters: int, device) -> dict[str, list[float]]:
     """Time several callables, alternating their order every iteration (warm-up for each first)."""
     names = list(fns)

@@ -109,7 +109,7 @@ class Bench:
     cuda_graphs: bool = True          # capture decode/verify/head calls in CUDA graphs (GPU only)
     compile_draft: bool = False       # fuse the draft body's small ops with torch.compile (GPU only)
     compile_target: bool = False      # the same for the target (one compile per verify length)
-    flash_kernel: str = "torch"       # FlashHead on CUDA: "torch" ops or the "triton" kernels (lib/kernels.py)
+    head_kernel: str = "torch"        # both heads on CUDA: "torch" ops or the "triton" kernels (lib/kernels.py)
     verify_lengths: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8])
 
 
@@ -254,7 +254,7 @@ def _validate(p: Profile, where: str) -> None:
     need(set(p.decode.modes) <= set(known), f"decode.modes: unknown mode in {p.decode.modes}; known: {known}")
     need(set(p.decode.schedules) <= set(modes.SCHEDULES),
          f"decode.schedules: unknown schedule in {p.decode.schedules}; known: {list(modes.SCHEDULES)}")
-    need(p.bench.flash_kernel in ("torch", "triton"), f"bench.flash_kernel must be torch or triton, got {p.bench.flash_kernel!r}")
+    need(p.bench.head_kernel in ("torch", "triton"), f"bench.head_kernel must be torch or triton, got {p.bench.head_kernel!r}")
     need(p.clustering.iterations >= 1, "clustering.iterations must be >= 1")
     need(p.bench.iters >= 1 and p.bench.e2e_iters >= 1, "bench.iters and bench.e2e_iters must be >= 1")
 

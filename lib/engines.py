@@ -61,17 +61,17 @@ def build_drafts(profile: Profile, which, clock=None, model=None) -> dict[str, D
     """Draft engines named in `which`: dense (dense checkpoint + dense head), flash (FlashHead checkpoint
     body + FlashHead), dense_shared (FlashHead checkpoint body + its dense head). gguf profiles: see
     gguf_drafts (`model`, the loaded target, is shared when given)."""
-    accel, n = Acceleration.of(profile, "draft"), cache_len(profile)
+    accel, n, kernel = Acceleration.of(profile, "draft"), cache_len(profile), profile.bench.head_kernel
     if profile.models.source == "gguf":
         return gguf_drafts(profile, which, accel, n, clock, model)
     out = {}
     if "dense" in which:
         m = checkpoints.load_draft(profile)
-        out["dense"] = make_draft(m, DenseHead(m.get_output_embeddings().weight), n, accel, clock)
+        out["dense"] = make_draft(m, DenseHead(m.get_output_embeddings().weight, kernel), n, accel, clock)
     if {"flash", "dense_shared"} & set(which):
         m, fh = flash_checkpoint.load_flash_draft(profile)
         runner = make_draft(m, fh, n, accel, clock).runner                   # one body for both heads
-        for name, head in (("flash", fh), ("dense_shared", DenseHead(m.get_output_embeddings().weight))):
+        for name, head in (("flash", fh), ("dense_shared", DenseHead(m.get_output_embeddings().weight, kernel))):
             if name in which:
                 out[name] = Draft(runner, GraphedHead(head, accel.graphs, runner.clock))
     return out
@@ -94,7 +94,7 @@ def gguf_drafts(profile: Profile, which, accel: Acceleration, n: int, clock=None
     out = {}
     if {"dense", "flash"} & set(which):
         runner = make_draft(model, DenseHead(W), n, accel, clock, n_layers=exit_layer).runner
-        for name, head in (("dense", DenseHead(W)), ("flash", fh)):
+        for name, head in (("dense", DenseHead(W, profile.bench.head_kernel)), ("flash", fh)):
             if name in which:
                 out[name] = Draft(runner, GraphedHead(head, accel.graphs, runner.clock))
     if "flash_full" in which:

@@ -148,4 +148,4 @@ def load_flash_head(profile: Profile, W: torch.Tensor, n_probes: int | None = No
                          f"but the body has V={W.shape[0]}, d={W.shape[1]}")
     n_probes = n_probes or profile.clustering.n_probes or cfg["n_probes"]             # else the checkpoint's own
     return FlashHead(W, cents.to(W.device), assign, n_probes,
-                     cfg["flash_head_special_token_ids"], kernel=profile.bench.flash_kernel)
+                     cfg["flash_head_special_token_ids"], kernel=profile.bench.head_kernel)

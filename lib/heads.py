@@ -9,13 +9,21 @@ from .runner import capture, on
 
 
 class DenseHead:
-    """argmax over the full vocabulary: W (V,d)."""
+    """argmax over the full vocabulary: W (V,d). kernel "triton" on CUDA: one fused GEMV + argmax launch
+    for a single hidden state (lib/kernels.py; ties to the smallest id on fp32 logits)."""
 
-    def __init__(self, weight: torch.Tensor):
-        self.weight = weight
+    def __init__(self, weight: torch.Tensor, kernel: str = "torch"):
+        self.weight, self.kernel = weight, kernel
+        self.fused = None
+        if kernel == "triton" and weight.is_cuda:
+            from .kernels import dense_greedy_triton
+            W = weight.contiguous()
+            self.fused = lambda h: dense_greedy_triton(h.contiguous(), W)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         """h (n,d) -> token ids (n,), kept on the device (no host sync)."""
+        if self.fused is not None and h.shape[0] == 1:
+            return self.fused(h)
         return (h @ self.weight.T).argmax(-1)
 
 
@@ -78,9 +86,11 @@ class FlashHead:
         logits = torch.einsum("nmd,nd->nm", self.weight[cand], h)              # (n,m)
         return cand.gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
 
-    def with_probes(self, n_probes: int) -> "FlashHead":
+    def with_probes(self, n_probes: int, kernel: str | None = None) -> "FlashHead":
+        """The same head with another probe count (and kernel path)."""
         other = object.__new__(FlashHead)
         other.__dict__.update(self.__dict__)
+        other.kernel = kernel or self.kernel
         other.set_probes(n_probes)
         return other
 
@@ -94,7 +104,7 @@ def fused_kernel(head: FlashHead):
         return None
     c, b = head.c2t.shape
     p = head.n_probes
-    if head.special.numel() > b or p & (p - 1):                                # needs specials <= b, p a power of 2
+    if head.special.numel() > b:                                               # one row holds the special tokens
         return None
     special = head.special.repeat(b)[:b] if head.special.numel() else head.c2t[0]
     c2t_ext = torch.cat([head.c2t, special[None]]).contiguous()                 # row c: the special tokens

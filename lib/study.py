@@ -12,7 +12,7 @@ import torch
 from . import (bench, checkpoints, clustering as cl, engines, exit_depth, flash_checkpoint, modes, preflight,
                prompts as prompt_lib, runs)
 from .config import Profile, load_profile
-from .heads import GraphedHead
+from .heads import DenseHead, GraphedHead
 from .runner import Runner
 from .runs import read_json, save_json  # noqa: F401 - notebook steps
 
@@ -162,14 +162,37 @@ def head_and_step_bench(profile: Profile) -> dict:
     step = interleaved_stats({"dense": lambda: dense.head(dense.runner.forward(x, pos)[:, -1]),
                               "flash": lambda: flash.head(flash.runner.forward(x, pos)[:, -1])}, b, dev)
     fh = flash.head.head
-    sweep = []
-    for p in profile.clustering.probe_sweep:
-        g = GraphedHead(fh.with_probes(p), b.cuda_graphs)
-        sweep.append({"n_probes": p, **bench.stats(bench.time_calls(lambda: g(h), b.warmup, b.iters, dev))})
+    kernels = ("torch", "triton") if dev.type == "cuda" else (b.head_kernel,)
+    sweep = [probe_point(fh.with_probes(p, k), h, b, dev) for k in kernels for p in profile.clustering.probe_sweep]
     result = {"device": bench.device_name(dev), "n_probes": fh.n_probes, "head": heads, "model_step": step,
               "probe_sweep": sweep}
+    if dev.type == "cuda":                                                   # hardware floors and both head paths
+        result["floors"] = floors(dense, fh, bench.copy_bandwidth(dev))
+        result["dense_paths"] = {k: bench.stats(bench.time_calls(
+            lambda g=GraphedHead(DenseHead(dense.head.head.weight, k), True): g(h), b.warmup, b.iters, dev))
+            for k in kernels}
     save_json(profile, "microbench.json", result)
     return result
+
+
+def probe_point(head, h: torch.Tensor, b, dev) -> dict:
+    """Latency of one FlashHead (a probe count, a kernel path) in its CUDA graph; which path really ran."""
+    g = GraphedHead(head, b.cuda_graphs)
+    ran = "triton" if getattr(head, "fused", None) is not None else "torch"
+    return {"n_probes": head.n_probes, "kernel": ran, **bench.stats(bench.time_calls(lambda: g(h), b.warmup, b.iters, dev))}
+
+
+def floors(dense, fh, bandwidth: float) -> dict:
+    """The least time (ms) each measured call can take at the measured bandwidth: the bytes it must read."""
+    W = fh.weight
+    size = W.element_size()
+    body = sum(p.numel() * p.element_size() for layer in dense.runner.layers for p in layer.parameters())
+    dense_head = W.numel() * size
+    flash_head = lambda p: (fh.centroids.numel() + p * fh.c2t.shape[1] * W.shape[1]) * size
+    ms = lambda nbytes: 1000 * nbytes / bandwidth
+    return {"bandwidth_GBps": bandwidth / 1e9, "dense_head_ms": ms(dense_head), "flash_head_ms": ms(flash_head(fh.n_probes)),
+            "flash_head_ms_by_probes": {str(p): ms(flash_head(p)) for p in (1, 16, 256) if p <= fh.n_clusters},
+            "dense_step_ms": ms(body + dense_head), "flash_step_ms": ms(body + flash_head(fh.n_probes))}
 
 
 def interleaved_stats(fns: dict, b, dev) -> dict:
