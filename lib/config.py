@@ -90,6 +90,8 @@ class Decode:
     modes: list[str] = field(default_factory=lambda: [modes.BASELINE, "dense", "flash", "dense_shared"])
     schedules: list[str] = field(default_factory=lambda: [modes.ORDINARY, modes.DEFERRED])
     stop_at_eos: bool = False         # stop at the tokenizer's end-of-sequence token(s); False: fixed length
+    k_policies: list[str] = field(default_factory=lambda: [modes.FIXED])   # block-length policies (lib/blocks.py)
+    k_max: int = 7                    # the largest block an adaptive policy may choose
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,9 @@ def _validate(p: Profile, where: str) -> None:
     need(p.decode.max_prompt_tokens >= 1, "decode.max_prompt_tokens must be >= 1")
     known = [modes.BASELINE, *modes.DRAFTS]
     need(set(p.decode.modes) <= set(known), f"decode.modes: unknown mode in {p.decode.modes}; known: {known}")
+    need(set(p.decode.k_policies) <= set(modes.K_POLICIES),
+         f"decode.k_policies: unknown policy in {p.decode.k_policies}; known: {list(modes.K_POLICIES)}")
+    need(p.decode.k_max >= p.decode.k, "decode.k_max must be >= decode.k")
     need(set(p.decode.schedules) <= set(modes.SCHEDULES),
          f"decode.schedules: unknown schedule in {p.decode.schedules}; known: {list(modes.SCHEDULES)}")
     need(p.bench.head_kernel in ("torch", "triton"), f"bench.head_kernel must be torch or triton, got {p.bench.head_kernel!r}")

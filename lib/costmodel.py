@@ -39,8 +39,8 @@ def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
     """Measured decode tok/s beside the cost model fed with the measured mean emitted per round."""
     rows = []
     for mode, r in agg.iterrows():
-        if r.draft not in (modes.BASELINE, *COSTED):
-            continue                                                     # no measured step cost for this draft
+        if r.draft not in (modes.BASELINE, *COSTED) or r.k_policy != modes.FIXED:
+            continue                                                     # no measured step cost, or no fixed K
         em = 1.0 if r.schedule == modes.BASELINE else r.mean_emitted
         tokens = r.decode_tok_s * r.decode_total_ms / 1000
         initial = r.initial_ms / tokens                                  # I: draft prefill + first append, per token

@@ -1,6 +1,7 @@
-"""The study's modes, each name written once: the baseline (target alone) and every draft x round schedule.
+"""The study's modes, each name written once: the baseline (target alone) and every draft x round schedule
+x block-length policy.
 
-A record carries `draft` and `schedule`; its `mode` is name(draft, schedule). Validation, run order,
+A record carries `draft`, `schedule` and `k_policy`; its `mode` is name(draft, schedule, k_policy). Validation, run order,
 report order and labels all come from the tables below: to add a draft or a schedule, add a row here
 (and teach the engine builder or the engine what it means).
 """
@@ -20,16 +21,25 @@ SCHEDULES = {"ordinary": "", "pipelined": ", pipelined", "deferred": ", deferred
 ORDINARY, PIPELINED, DEFERRED = SCHEDULES
 
 
-def name(draft: str, schedule: str | None) -> str:
-    """The mode's name: 'baseline', or '<draft>_<schedule>'."""
-    return BASELINE if draft == BASELINE or schedule in (None, BASELINE) else f"{draft}_{schedule}"
+# block-length policy -> label suffix (see lib/blocks.py); "fixed" adds nothing to a mode's name
+K_POLICIES = {"fixed": "", "grow": ", K by acceptance", "cost": ", K by cost model"}
+FIXED = "fixed"
 
 
-def run_order(drafts: list[str], schedules: list[str]) -> list[tuple[str, str | None]]:
-    """(draft, schedule) pairs of a profile in run order; the baseline (draft 'baseline') has no schedule."""
-    out = [(BASELINE, None)] if BASELINE in drafts else []
-    return out + [(d, s) for d in DRAFTS if d in drafts for s in SCHEDULES if s in schedules]
+def name(draft: str, schedule: str | None, k_policy: str | None = FIXED) -> str:
+    """The mode's name: 'baseline', '<draft>_<schedule>', or '<draft>_<schedule>_<k_policy>'."""
+    if draft == BASELINE or schedule in (None, BASELINE):
+        return BASELINE
+    return f"{draft}_{schedule}" + ("" if k_policy in (None, FIXED) else f"_{k_policy}")
 
 
-# every mode name in the order tables and figures show them (by schedule, then draft), with its label
-LABELS = {BASELINE: "Baseline", **{name(d, s): f"{DRAFTS[d]} draft{SCHEDULES[s]}" for s in SCHEDULES for d in DRAFTS}}
+def run_order(drafts: list[str], schedules: list[str], k_policies=(FIXED,)) -> list[tuple[str, str | None, str | None]]:
+    """(draft, schedule, k_policy) of a profile in run order; the baseline has neither schedule nor policy."""
+    out = [(BASELINE, None, None)] if BASELINE in drafts else []
+    return out + [(d, s, k) for d in DRAFTS if d in drafts for s in SCHEDULES if s in schedules
+                  for k in K_POLICIES if k in k_policies]
+
+
+# every mode name in the order tables and figures show them (by policy, schedule, then draft), with its label
+LABELS = {BASELINE: "Baseline", **{name(d, s, k): f"{DRAFTS[d]} draft{SCHEDULES[s]}{K_POLICIES[k]}"
+                                   for k in K_POLICIES for s in SCHEDULES for d in DRAFTS}}

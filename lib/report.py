@@ -25,6 +25,9 @@ def thesis_numbers() -> dict:
 
 def records_frame(records: list[dict]) -> pd.DataFrame:
     df = pd.DataFrame(records)
+    if "k_policy" not in df:                                             # runs made before block policies
+        df["k_policy"] = modes.FIXED
+        df["block_lengths"] = [[] for _ in range(len(df))]
     for phase in ("initial", "draft", "verify", "finalize", "transfer", "call_draft_body", "call_draft_head",
                   "call_target"):
         df[phase + "_ms"] = [s.get(phase, 0.0) for s in df["spans_ms"]]
@@ -35,12 +38,14 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     """One row per mode. Decode tok/s = sum of decode tokens / sum of decode time (thesis 4.2);
     acceptance = accepted / proposed; mean emitted = (accepted + rounds) / rounds."""
     g = df.groupby("mode", sort=False)
-    parts = g[["draft", "schedule"]].first()
+    parts = g[["draft", "schedule", "k_policy"]].first()
     s = g[["decode_tokens", "decode_ms", "accepted", "proposed", "rounds", "verify_calls", "append_calls", "skipped",
            "initial_ms", "draft_ms", "verify_ms", "finalize_ms", "call_draft_body_ms", "call_draft_head_ms",
            "call_target_ms", "model_call_ms", "transfer_ms"]].sum()
+    blocks = g.block_lengths.agg(lambda b: sum(map(sum, b)) / max(sum(map(len, b)), 1))
     out = pd.DataFrame({
-        "draft": parts.draft, "schedule": parts.schedule,
+        "mean_block": blocks,
+        "draft": parts.draft, "schedule": parts.schedule, "k_policy": parts.k_policy,
         "samples": g.size(),
         "decode_tok_s": 1000 * s.decode_tokens / s.decode_ms,
         "ttft_ms": g.ttft_ms.mean(),

@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from . import modes
 from .config import ROOT, Profile, as_dict
+from .blocks import make_policy
 from .speculative import Result, generate_baseline, generate_speculative
 
 
@@ -155,9 +156,14 @@ def finish_run(run: Path) -> list[dict]:
 
 # ---------------------------------------------------------------- samples
 
-def sample_keys(profile: Profile, n_prompts: int) -> list[tuple[int, int, str, str | None]]:
-    """(iteration, prompt index, draft, schedule) in run order; the mode order rotates per sample."""
-    order = modes.run_order(profile.decode.modes, profile.decode.schedules)
+def mode_order(profile: Profile) -> list[tuple]:
+    d = profile.decode
+    return modes.run_order(d.modes, d.schedules, d.k_policies)
+
+
+def sample_keys(profile: Profile, n_prompts: int) -> list[tuple]:
+    """(iteration, prompt index, draft, schedule, k_policy) in run order; the mode order rotates per sample."""
+    order = mode_order(profile)
     keys = []
     for it in range(profile.bench.e2e_iters):
         for i in range(n_prompts):
@@ -174,20 +180,23 @@ def pending_keys(profile: Profile, run: Path, question_ids: list[int], shard: tu
 
 
 def generate(target, drafts: dict, profile: Profile, ids: list[int], draft: str, schedule: str | None,
-             stop: frozenset = frozenset()) -> Result:
-    """One sample of one mode."""
+             k_policy: str | None = modes.FIXED, stop: frozenset = frozenset(), costs: dict | None = None) -> Result:
+    """One sample of one mode; costs: {draft: call costs} for the cost-model block policy."""
     d = profile.decode
     if draft == modes.BASELINE:
         return generate_baseline(target, ids, d.max_new_tokens, stop)
-    return generate_speculative(target, drafts[draft], ids, d.max_new_tokens, d.k, schedule, stop)
+    policy = make_policy(k_policy, d.k, d.k_max, schedule, (costs or {}).get(draft))
+    return generate_speculative(target, drafts[draft], ids, d.max_new_tokens, policy, schedule, stop)
 
 
-def record(res: Result, prompt, ids: list[int], it: int, draft: str, schedule: str | None) -> dict:
+def record(res: Result, prompt, ids: list[int], it: int, draft: str, schedule: str | None,
+           k_policy: str | None = modes.FIXED) -> dict:
     """The raw per-sample record written to samples.jsonl."""
     spans = res.spans_ms
     calls = sum(v for k, v in spans.items() if k.startswith("call_"))          # model and head calls
     return {
-        "mode": modes.name(draft, schedule), "draft": draft, "schedule": schedule or modes.BASELINE,
+        "mode": modes.name(draft, schedule, k_policy), "draft": draft, "schedule": schedule or modes.BASELINE,
+        "k_policy": modes.FIXED if draft == modes.BASELINE else k_policy, "block_lengths": res.block_lengths,
         "question_id": prompt.question_id, "group": prompt.group, "iteration": it, "prompt_tokens": len(ids),
         "ttft_ms": res.ttft_ms, "decode_ms": res.decode_ms, "decode_tokens": res.decode_tokens,
         "rounds": res.rounds, "proposed": res.proposed, "accepted": res.accepted,
@@ -198,15 +207,15 @@ def record(res: Result, prompt, ids: list[int], it: int, draft: str, schedule: s
 
 
 def run_samples(profile: Profile, run: Path, target, drafts: dict, enc: list, keys: list, stop: frozenset,
-                shard: tuple[int, int] = (0, 1), progress: bool = True) -> None:
+                shard: tuple[int, int] = (0, 1), progress: bool = True, costs: dict | None = None) -> None:
     """Warm every mode up on the first prompt (not recorded), then run and append each pending sample."""
-    for draft, schedule in modes.run_order(profile.decode.modes, profile.decode.schedules):
+    for mode in mode_order(profile):
         for _ in range(profile.bench.e2e_warmup):
-            generate(target, drafts, profile, enc[0][1], draft, schedule, stop)
-    for it, i, draft, schedule in tqdm(keys, desc=f"e2e {profile.name}") if progress else keys:  # TQDM_DISABLE=1 also hides it
+            generate(target, drafts, profile, enc[0][1], *mode, stop, costs)
+    for it, i, *mode in tqdm(keys, desc=f"e2e {profile.name}") if progress else keys:  # TQDM_DISABLE=1 also hides it
         prompt, ids = enc[i]
-        res = generate(target, drafts, profile, ids, draft, schedule, stop)
-        append_record(run, record(res, prompt, ids, it, draft, schedule), shard=shard)
+        res = generate(target, drafts, profile, ids, *mode, stop, costs)
+        append_record(run, record(res, prompt, ids, it, *mode), shard=shard)
 
 
 def launch_slurm(profile: Profile, run: Path, question_ids: list[int], shard_fn, cluster: str) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .bench import sync
+from .blocks import FixedK
 from .heads import GraphedHead
 from .modes import DEFERRED, PIPELINED, SCHEDULES
 from .runner import Runner
@@ -76,6 +77,7 @@ class Result:
     append_calls: int = 0
     skipped: int = 0
     accepted_lengths: list[int] = field(default_factory=list)
+    block_lengths: list[int] = field(default_factory=list)                  # proposals per round
     spans_ms: dict = field(default_factory=dict)
     stopped: bool = False                                                   # ended at a stop token
 
@@ -281,20 +283,23 @@ def count_round(res: Result, kk: int, a: int, verified: bool) -> None:
     res.proposed += kk
     res.accepted += a
     res.accepted_lengths.append(a)
+    res.block_lengths.append(kk)
     res.verify_calls += verified
     res.skipped += not verified and kk > 0
 
 
-def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_new: int, k: int,
+def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_new: int, k,
                          schedule: str, stop: frozenset = frozenset()) -> Result:
     """Greedy speculative decoding (one of lib.modes.SCHEDULES); output equals target greedy decoding.
+    k: the block length, or a block-length policy (lib/blocks.py) asked before and told after each round.
 
     Emitted tokens live in a device buffer, so model inputs are sliced on the device; the host
     reads tokens once per round (the accepted length), never inside the proposal loop.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}: use one of {list(SCHEDULES)}")
-    check_args(target, prompt, max_new, k)
+    policy = FixedK(k) if isinstance(k, int) else k
+    check_args(target, prompt, max_new, policy.k_max)
     clock = target.runner.clock
     draft.use_clock(clock)
     t0 = time.perf_counter()
@@ -310,7 +315,7 @@ def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_ne
     appender = Appender(target, schedule == PIPELINED)
     while not s.done():
         n = len(s.seq)
-        kk = min(k, max_new - s.emitted - 1)                                 # never overshoot max_new
+        kk = min(policy.next(), max_new - s.emitted - 1)                     # never overshoot max_new
         with clock.span("draft"):
             props = propose(draft, s, kk)
         if pending is None and appender.in_flight:
@@ -319,6 +324,7 @@ def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_ne
             accepted, final, final_dev, verified = verify(target, props, pending, s, kk)
         a = accept(s, props, accepted, final, final_dev, stop)
         count_round(res, kk, a, verified)
+        policy.update(kk, a)
         roll_back(s, n, a)
         pending = None
         if schedule != DEFERRED and not s.done():

@@ -266,7 +266,15 @@ def run_shard(profile: Profile, run: Path, shard: tuple[int, int] = (0, 1), targ
         return
     ensure_flash_checkpoint(profile)
     target, drafts = engines.build_engines(profile, target_model=target_model)
-    runs.run_samples(profile, run, target, drafts, enc, keys, stop_tokens(profile), shard)
+    runs.run_samples(profile, run, target, drafts, enc, keys, stop_tokens(profile), shard,
+                     costs=call_costs(profile) if "cost" in profile.decode.k_policies else None)
+
+
+def call_costs(profile: Profile) -> dict:
+    """Per-draft call costs for the cost-model block policy, from notebooks 02-03's measurements."""
+    from . import costmodel
+    micro, steps = read_json(profile, "microbench.json"), read_json(profile, "target_step.json")
+    return {d: costmodel.call_costs(micro, steps, d) for d in profile.decode.modes if d != modes.BASELINE}
 
 
 def extra_summary(profile: Profile) -> dict:

@@ -235,3 +235,49 @@ def test_no_stop_token_runs_to_max_new(pair, heads, baselines):
     res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D), prompt_of(30),
                                MAX_NEW, 4, "ordinary", frozenset({VOCAB + 5}))
     assert res.tokens == baselines[30].tokens and not res.stopped
+
+
+# adaptive block lengths (lib/blocks.py): the rounds change, the output does not
+
+COSTS = {"T_p": {n: 10.0 + n for n in range(1, 9)}, "T_q": 1.0}
+
+
+@pytest.mark.parametrize("policy", ["grow", "cost"])
+@pytest.mark.parametrize("schedule", ["ordinary", "deferred", "pipelined"])
+def test_adaptive_block_lengths_keep_greedy_output(pair, heads, baselines, schedule, policy):
+    from lib.blocks import make_policy
+    for n in PROMPT_LENS:
+        p = make_policy(policy, 2, 7, schedule, COSTS)
+        res = generate_speculative(target_of(pair), draft_of(pair[1], heads["flash_2"], DRAFT_D), prompt_of(n),
+                                   MAX_NEW, p, schedule)
+        assert res.tokens == baselines[n].tokens
+        assert len(res.block_lengths) == res.rounds and sum(res.block_lengths) == res.proposed
+        assert res.decode_tokens == sum(a + 1 for a in res.accepted_lengths)
+        assert all(1 <= b <= 7 for b in res.block_lengths[:-1])
+
+
+def test_grow_policy_follows_hugging_faces_rule():
+    from lib.blocks import GrowK
+    p = GrowK(3, 8)
+    seen = []
+    for proposed, accepted in [(3, 3), (5, 5), (7, 2), (6, 0), (5, 5)]:
+        assert p.next() == proposed
+        p.update(proposed, accepted)
+        seen.append(p.next())
+    assert seen == [5, 7, 6, 5, 7]                                       # +2 on full acceptance, -1 otherwise
+
+
+def test_cost_policy_grows_k_with_acceptance():
+    from lib.blocks import CostK
+    low, high = CostK(4, 7, COSTS, "deferred"), CostK(4, 7, COSTS, "deferred")
+    low.update(100, 5)
+    high.update(100, 95)
+    assert low.next() < high.next() and high.next() == 7                  # cheap proposals, high acceptance: long blocks
+
+
+def test_unknown_policy_and_missing_costs_are_refused():
+    from lib.blocks import make_policy
+    with pytest.raises(ValueError, match="unknown block policy"):
+        make_policy("random", 4, 7, "ordinary")
+    with pytest.raises(ValueError, match="needs measured call costs"):
+        make_policy("cost", 4, 7, "ordinary")
