@@ -17,7 +17,7 @@ def profile(monkeypatch, tmp_path):
     p = load_profile("smoke")
     return replace(p, prompts=replace(p.prompts, per_group=1, limit=3),
                    decode=replace(p.decode, max_new_tokens=6, modes=["baseline", "dense"],
-                                  schedules=["ordinary", "deferred"]),
+                                  schedules=["ordinary", "deferred"], k_policies=["fixed"]),
                    bench=replace(p.bench, e2e_warmup=0), slurm=Slurm(shards=2, timeout_min=10, gpus_per_task=0))
 
 
