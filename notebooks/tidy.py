@@ -1,13 +1,30 @@
 """Keep notebooks diff-friendly. Always: drop widget state (progress-bar widgets and their ids) and
 papermill's timing metadata. For the committed nbval references in notebooks/ also drop the outputs
-nbval ignores, stderr and the injected-parameters cell; executed notebooks under outputs/ keep them
-(keep_outputs=True, what notebooks/run.py does).
+nbval ignores, stderr and the injected-parameters cell, and write run names and commits as nbval's
+sanitize.cfg reads them (e2e-RUN, commit HASH), so that re-executing them with no change changes no line;
+executed notebooks under outputs/ keep all of it (keep_outputs=True, what notebooks/run.py does).
 Usage: python notebooks/tidy.py [--keep-outputs] notebooks/0*.ipynb"""
 import argparse
+import configparser
+import re
+from pathlib import Path
 
 import nbformat
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def sanitizers() -> list[tuple[re.Pattern, str]]:
+    """nbval's (regex, replacement) pairs from sanitize.cfg beside this file."""
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).with_name("sanitize.cfg"))
+    return [(re.compile(cfg[s]["regex"]), cfg[s]["replace"]) for s in cfg.sections()]
+
+
+def sanitize(text: str) -> str:
+    for pattern, repl in sanitizers():
+        text = pattern.sub(repl, text)
+    return text
 
 
 def is_widget(output) -> bool:
@@ -30,6 +47,12 @@ def tidy(path, keep_outputs: bool = False) -> None:
         if "nbval-ignore-output" in tags or "parameters" in tags or "injected-parameters" in tags:
             cell.outputs = []
         cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and o.name == "stderr")]
+        for o in cell.outputs:
+            if o.output_type == "stream":
+                o.text = sanitize(o.text)
+            for mime in ("text/plain", "text/html"):
+                if mime in o.get("data", {}):
+                    o.data[mime] = sanitize(o.data[mime])
     if not keep_outputs:
         nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
     nbformat.write(nb, path)

@@ -176,3 +176,18 @@ def test_tidy_drops_widget_state_and_timing_keeps_outputs_of_executed_notebooks(
 
     tidy(path)                                                 # committed nbval references: no stderr either
     assert [o.get("name") for o in nbformat.read(path, as_version=4).cells[0].outputs] == ["stdout"]
+
+
+def test_tidy_writes_run_names_and_commits_as_nbval_reads_them(tmp_path):
+    """Re-executing the nbval references with no change must change no line: run names and commits vary."""
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("print(run)")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout",
+                                           text="run runs/e2e-20261126T035422 (commit 7f2b78680fd3c8bf3eaab4de4a8c7a2f1e2c0350+dirty)\n")]
+    nb.cells = [cell]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    tidy(path, keep_outputs=True)                              # executed notebooks keep the real names
+    assert "e2e-20261126T035422" in nbformat.read(path, as_version=4).cells[0].outputs[0].text
+    tidy(path)
+    assert nbformat.read(path, as_version=4).cells[0].outputs[0].text == "run runs/e2e-RUN (commit HASH)\n"
