@@ -12,17 +12,13 @@ from . import bench
 from .costmodel import expected_emitted, tpot_ms
 from .modes import DEFERRED, ORDINARY
 from .runner import Runner
+from .speculative import generate_baseline
 
 
-@torch.no_grad()
 def greedy_trajectory(model, prompt: list[int], max_new: int, stop: frozenset = frozenset()) -> list[int]:
     """The full model's greedy continuation (max_new tokens, or up to a stop token inclusive)."""
-    dev = model.get_output_embeddings().weight.device
-    runner = Runner(model, len(prompt) + max_new)
-    out = [runner.prefill(torch.tensor([prompt], device=dev))[-1].item()]
-    while len(out) < max_new and out[-1] not in stop:
-        out.append(runner.greedy(torch.tensor([[out[-1]]], device=dev), len(prompt) + len(out) - 1)[0].item())
-    return out
+    from .engines import make_target
+    return generate_baseline(make_target(model, len(prompt) + max_new), prompt, max_new, stop).tokens
 
 
 @torch.no_grad()
