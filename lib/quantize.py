@@ -114,6 +114,14 @@ def name_shards(tmp: Path, shards: list[list[str]]) -> None:
         json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=1))
 
 
+def check_layers(body) -> None:
+    """Every projection to be quantised has shapes the group size and packing allow."""
+    for i, layer in enumerate(body.layers):
+        for name, m in layer.named_modules():
+            if name.rsplit(".", 1)[-1] in QUANTISED:
+                check_shape(*m.weight.shape, f"layer {i} {name}")
+
+
 def write_awq_model(model, out_dir: str | Path, shard_bytes: int = SHARD_BYTES) -> Path:
     """Write a Qwen3 (or Llama) causal LM as an AWQ GEMM checkpoint directory (config.json with its
     quantization_config, safetensors shards and their index), layer by layer: each decoder layer is
@@ -125,10 +133,7 @@ def write_awq_model(model, out_dir: str | Path, shard_bytes: int = SHARD_BYTES) 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     cfg, body = model.config, model.model
-    for i, layer in enumerate(body.layers):                                            # refuse before writing
-        for name, m in layer.named_modules():
-            if name.rsplit(".", 1)[-1] in QUANTISED:
-                check_shape(*m.weight.shape, f"layer {i} {name}")
+    check_layers(body)                                                                 # refuse before writing
     shards: list[list[str]] = []
     pending: dict[str, torch.Tensor] = {}
 
@@ -162,8 +167,7 @@ def write_awq_model(model, out_dir: str | Path, shard_bytes: int = SHARD_BYTES) 
         dense("lm_head.", model.get_output_embeddings())
     flush(force=True)
     name_shards(tmp, shards)
-    c = cfg.to_dict()
-    c.update(architectures=[type(model).__name__], dtype="float16", quantization_config=dict(QUANT_CONFIG))
+    c = {**cfg.to_dict(), "architectures": [type(model).__name__], "dtype": "float16", "quantization_config": dict(QUANT_CONFIG)}
     (tmp / "config.json").write_text(json.dumps(c, indent=2))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

@@ -15,8 +15,7 @@ Schedules (thesis 3.3 and 3.6; names and labels in lib/modes.py):
             (thesis 3.6.1): a round costs about max(append, draft) instead of their sum.
 All emit exactly the target's greedy continuation, stopping where it stops (a `stop` token, inclusive).
 
-Timing: the runners and the head wrapper record their own calls on the clock they share with the
-engine (lib/engines.py); the engine records only its phases (initial, draft, verify, finalize, decode).
+Timing: runners and heads record their calls on the engine's clock; the engine records only its phases.
 """
 from __future__ import annotations
 
@@ -92,12 +91,9 @@ def check_args(target: Target, prompt: list[int], max_new: int, k: int = 1) -> N
         raise ValueError(f"max_new must be >= 1, got {max_new}")
     if k < 1:
         raise ValueError(f"block length k must be >= 1, got {k}")
-    if not prompt:
-        raise ValueError("the prompt is empty")
-    need = len(prompt) + max_new
-    if need > target.runner.max_len:
-        raise ValueError(f"a prompt of {len(prompt)} tokens and {max_new} new tokens need {need} cache positions; "
-                         f"the runner holds {target.runner.max_len}")
+    if not prompt or len(prompt) + max_new > target.runner.max_len:
+        raise ValueError(f"a prompt of {len(prompt)} tokens and {max_new} new tokens need {len(prompt) + max_new} "
+                         f"cache positions (at least 1 prompt token); the runner holds {target.runner.max_len}")
 
 
 def prefill(target: Target, prompt: list[int]) -> torch.Tensor:
@@ -144,16 +140,15 @@ class Appender:
             with self.clock.span("finalize"):
                 self.value = self.target.greedy(ids, start)
             return
-        ready = None
-        if self.stream is not None:
-            ready = torch.cuda.Event()
+        ready = torch.cuda.Event() if self.stream is not None else None
+        if ready is not None:
             ready.record()                                                  # ids were written on the main stream
         self.future = self.pool.submit(self._append_on_stream, ids, start, ready)
 
     def _append_on_stream(self, ids: torch.Tensor, start: int, ready):
         if self.stream is None:                                             # CPU: a thread, no stream
             with self.clock.span("finalize"):
-                return self.target.greedy(ids, start)
+                return self.target.greedy(ids, start), None
         with torch.cuda.stream(self.stream):
             self.stream.wait_event(ready)
             with self.clock.span("finalize"):
@@ -166,11 +161,9 @@ class Appender:
         self.in_flight = False
         if self.pool is None:
             return self.value
-        out = self.future.result()
-        if self.stream is None:
-            return out
-        out, done = out
-        torch.cuda.current_stream(self.target.runner.device).wait_event(done)
+        out, done = self.future.result()
+        if done is not None:                                                # the append's stream finished it
+            torch.cuda.current_stream(self.target.runner.device).wait_event(done)
         return out
 
     def close(self) -> None:
@@ -182,15 +175,13 @@ class Sequence:
     """The emitted tokens of one generation, on the device (buf, model inputs are sliced from it) and
     on the host (seq), with the number of tokens in each model's KV cache."""
 
-    def __init__(self, prompt: list[int], first: torch.Tensor, max_new: int):
-        P, dev = len(prompt), first.device
-        self.prompt_len, self.max_new = P, max_new
-        self.buf = torch.zeros(P + max_new, dtype=torch.long, device=dev)   # prompt + emitted tokens
-        self.buf[:P] = torch.tensor(prompt)
-        self.buf[P] = first[0]
+    def __init__(self, prompt: list[int], first: torch.Tensor, max_new: int, stop: frozenset):
+        P = self.prompt_len = len(prompt)
+        self.buf = torch.zeros(P + max_new, dtype=torch.long, device=first.device)   # prompt + emitted tokens
+        self.buf[:P], self.buf[P] = torch.tensor(prompt), first[0]
         self.seq = list(prompt) + [first.item()]                             # host copy of buf
         self.t_pos, self.d_pos = P, 0                                        # tokens in the target / draft caches
-        self.stopped = False
+        self.max_new, self.stopped = max_new, self.seq[-1] in stop
 
     @property
     def emitted(self) -> int:
@@ -241,6 +232,14 @@ def accept(s: Sequence, props: torch.Tensor, accepted: list[int], final: int, fi
     s.buf[n + a:n + a + 1] = final_dev
     s.seq += emitted
     return a
+
+
+def start(target: Target, draft: Draft, s: Sequence) -> torch.Tensor:
+    """Draft prefill and the target's append of the first token: returns the pending prediction (1,)."""
+    P = s.prompt_len
+    draft.runner.prefill(to_device(s.buf[None, :P], draft))
+    s.t_pos, s.d_pos = P + 1, P
+    return target.greedy(s.buf[None, P:P + 1], P)
 
 
 def propose(draft: Draft, s: Sequence, kk: int) -> torch.Tensor:
@@ -303,15 +302,12 @@ def generate_speculative(target: Target, draft: Draft, prompt: list[int], max_ne
     clock = target.runner.clock
     draft.use_clock(clock)
     t0 = time.perf_counter()
-    s = Sequence(prompt, prefill(target, prompt), max_new)
+    s = Sequence(prompt, prefill(target, prompt), max_new, stop)
     t1 = time.perf_counter()
     clock.reset()                                                            # the prefill is TTFT, not decode
     res, P = Result([], 1000 * (t1 - t0), 0.0, append_calls=1), len(prompt)
-    s.stopped = s.seq[-1] in stop
     with clock.span("initial"):
-        draft.runner.prefill(to_device(s.buf[None, :P], draft))              # draft prefill
-        pending = target.greedy(s.buf[None, P:P + 1], P)                     # initial target append
-    s.t_pos, s.d_pos = P + 1, P
+        pending = start(target, draft, s)
     appender = Appender(target, schedule == PIPELINED)
     while not s.done():
         n = len(s.seq)
