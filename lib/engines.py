@@ -49,12 +49,18 @@ def make_target(model, max_len: int, accel: Acceleration = Acceleration(), clock
     return Target(Runner(model, max_len, accel.graphs, accel.compile, role="target", clock=clock))
 
 
+def draft_runner(model, max_len: int, accel: Acceleration = Acceleration(), clock=None,
+                 n_layers: int | None = None) -> Runner:
+    """A draft body: `model`'s (its first n_layers if given), which several heads may share."""
+    clock = clock or Clock(model.get_output_embeddings().weight.device)
+    return Runner(model, max_len, accel.graphs, accel.compile, role="draft", n_layers=n_layers, clock=clock)
+
+
 def make_draft(model, head, max_len: int, accel: Acceleration = Acceleration(), clock=None,
                n_layers: int | None = None) -> Draft:
     """A draft engine: `model`'s body (its first n_layers if given) and `head` (DenseHead or FlashHead)."""
-    clock = clock or Clock(model.get_output_embeddings().weight.device)
-    runner = Runner(model, max_len, accel.graphs, accel.compile, role="draft", n_layers=n_layers, clock=clock)
-    return Draft(runner, GraphedHead(head, accel.graphs, clock))
+    runner = draft_runner(model, max_len, accel, clock, n_layers)
+    return Draft(runner, GraphedHead(head, accel.graphs, runner.clock))
 
 
 def build_drafts(profile: Profile, which, clock=None, model=None) -> dict[str, Draft]:
@@ -70,7 +76,7 @@ def build_drafts(profile: Profile, which, clock=None, model=None) -> dict[str, D
         out["dense"] = make_draft(m, DenseHead(m.get_output_embeddings().weight, kernel), n, accel, clock)
     if {"flash", "dense_shared"} & set(which):
         m, fh = flash_checkpoint.load_flash_draft(profile)
-        runner = make_draft(m, fh, n, accel, clock).runner                   # one body for both heads
+        runner = draft_runner(m, n, accel, clock)                            # one body for both heads
         for name, head in (("flash", fh), ("dense_shared", DenseHead(m.get_output_embeddings().weight, kernel))):
             if name in which:
                 out[name] = Draft(runner, GraphedHead(head, accel.graphs, runner.clock))
@@ -93,7 +99,7 @@ def gguf_drafts(profile: Profile, which, accel: Acceleration, n: int, clock=None
     fh = flash_checkpoint.load_flash_head(profile, W) if {"flash", "flash_full"} & set(which) else None
     out = {}
     if {"dense", "flash"} & set(which):
-        runner = make_draft(model, DenseHead(W), n, accel, clock, n_layers=exit_layer).runner
+        runner = draft_runner(model, n, accel, clock, n_layers=exit_layer)   # one early-exit body, two heads
         for name, head in (("dense", DenseHead(W, profile.bench.head_kernel)), ("flash", fh)):
             if name in which:
                 out[name] = Draft(runner, GraphedHead(head, accel.graphs, runner.clock))
