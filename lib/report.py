@@ -136,15 +136,15 @@ def overlap(agg: pd.DataFrame) -> pd.DataFrame:
 def side_by_side(profile: Profile, agg: pd.DataFrame, device: str, others: list[str]) -> pd.DataFrame:
     """Decode tok/s and acceptance per mode, this profile's beside other profiles' (from their summary.json,
     where it exists). Compare timings only between columns whose device names the same card."""
+    shown = {"decode tok/s": "decode_tok_s", "acceptance": "acceptance", "draft share": "draft_share"}
     cols = {(profile.name, "device"): {m: device for m in agg.index},
-            (profile.name, "decode tok/s"): agg.decode_tok_s.to_dict(), (profile.name, "acceptance"): agg.acceptance.to_dict()}
+            **{(profile.name, col): agg[key].to_dict() for col, key in shown.items()}}
     for name in others:
         path = outputs_root() / name / "summary.json"
         if path.exists():
             s = json.loads(path.read_text())
             cols[(name, "device")] = {m: s["device"] for m in s["e2e"]}
-            cols[(name, "decode tok/s")] = {m: r["decode_tok_s"] for m, r in s["e2e"].items()}
-            cols[(name, "acceptance")] = {m: r["acceptance"] for m, r in s["e2e"].items()}
+            cols.update({(name, col): {m: r.get(key) for m, r in s["e2e"].items()} for col, key in shown.items()})
     df = pd.DataFrame(cols)
     return df.reindex([m for m in modes.LABELS if m in df.index])
 

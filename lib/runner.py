@@ -50,7 +50,9 @@ class Runner:
         self._graphs: dict = {}
         self.fused = [fuse_projections(layer) for layer in self.layers]
         # One compiled layer function serves every layer (its weights are inputs), once per length n.
-        self._layer = torch.compile(layer_forward, fullgraph=True, dynamic=False) if compile else layer_forward
+        # Quantised projections break the graph (see `project`): the pieces between them are compiled.
+        whole = all(self.fused)
+        self._layer = torch.compile(layer_forward, fullgraph=whole, dynamic=False) if compile else layer_forward
         self.role, self.clock = role, clock
 
     def _forward(self, ids: torch.Tensor, start: torch.Tensor, compiled: bool = True) -> torch.Tensor:
@@ -122,7 +124,7 @@ def layer_forward(layer, fused: dict, x: torch.Tensor, pos: torch.Tensor, mask: 
     if fused:                                                                               # one GEMV for q, k, v
         q, k, v = F.linear(h, fused["qkv"]).split(fused["qkv_sizes"], dim=-1)
     else:
-        q, k, v = att.q_proj(h), att.k_proj(h), att.v_proj(h)
+        q, k, v = project(att.q_proj, h), project(att.k_proj, h), project(att.v_proj, h)
     q, k, v = q.view(1, n, -1, hd), k.view(1, n, -1, hd), v.view(1, n, -1, hd)
     if hasattr(att, "q_norm"):                                                              # Qwen3 only
         q, k = att.q_norm(q), att.k_norm(k)
@@ -131,12 +133,26 @@ def layer_forward(layer, fused: dict, x: torch.Tensor, pos: torch.Tensor, mask: 
     k_cache.index_copy_(2, pos, k)
     v_cache.index_copy_(2, pos, v)
     o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
-    x = x + att.o_proj(o.transpose(1, 2).reshape(1, n, -1))
+    x = x + project(att.o_proj, o.transpose(1, 2).reshape(1, n, -1))
     h = layer.post_attention_layernorm(x)
+    mlp = layer.mlp
     if fused:                                                                               # one GEMV for gate, up
         g, u = F.linear(h, fused["gate_up"]).chunk(2, dim=-1)
-        return x + layer.mlp.down_proj(layer.mlp.act_fn(g) * u)
-    return x + layer.mlp(h)
+    else:
+        g, u = project(mlp.gate_proj, h), project(mlp.up_proj, h)
+    return x + project(mlp.down_proj, mlp.act_fn(g) * u)
+
+
+def project(module, x: torch.Tensor) -> torch.Tensor:
+    """A projection. Plain Linear layers are traced with the layer; a quantised one (gptqmodel's AWQ
+    modules) is called opaquely, since dynamo cannot trace its kernels' Python wrappers (a ContextVar,
+    a lock): one graph break per call, and torch.compile fuses the norms, RoPE and attention between."""
+    return module(x) if type(module) is torch.nn.Linear else _opaque(module, x)
+
+
+@torch.compiler.disable
+def _opaque(module, x: torch.Tensor) -> torch.Tensor:
+    return module(x)
 
 
 def fuse_projections(layer) -> dict:

@@ -216,8 +216,10 @@ def target_step_bench(profile: Profile, target_model=None) -> dict:
     iters = max(10, b.iters // 10)
     raw = bench.interleaved(fns, max(2, b.warmup // 4), iters, dev)
     verify = {n: bench.stats(ms) for n, ms in raw.items()}
-    key = {"bfloat16": "bf16_ms", "float16": "fp16_ms", "float32": "fp32_ms"}[profile.dtype]
+    quant = getattr(runner.model.config, "quantization_config", None)
+    key = "awq_ms" if quant else {"bfloat16": "bf16_ms", "float16": "fp16_ms", "float32": "fp32_ms"}[profile.dtype]
     result = {"device": bench.device_name(dev), "dtype": profile.dtype, key: verify["1"]["mean_ms"],
+              "projection": type(runner.layers[0].mlp.down_proj).__name__, "compiled": profile.bench.compile_target,
               "single": verify["1"], "verify_ms": {n: v["mean_ms"] for n, v in verify.items()}, "verify": verify}
     save_json(profile, "target_step.json", result)
     return result

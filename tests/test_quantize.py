@@ -125,3 +125,22 @@ def test_ensure_synthetic_writes_the_awq_target(monkeypatch, tmp_path):
     with torch.no_grad():
         got, want = target(ids).logits[0], ref(ids).logits[0]
     assert (got - want).abs().max() < 2e-3 * want.abs().max()
+
+
+def test_runner_compiles_around_quantised_projections(written):
+    """The AWQ modules are called opaquely (lib.runner.project): the compiled layer function, graph-broken
+    at each of them, gives the eager runner's hidden states and tokens."""
+    pytest.importorskip("gptqmodel")
+    from lib.runner import Runner
+    model = checkpoints.load_model(str(written[0]), "float32", "cpu", "torch_awq")
+    ids = torch.randint(0, fx.VOCAB, (1, 12), generator=torch.Generator().manual_seed(3))
+    eager, compiled = Runner(model, 32), Runner(model, 32, compile=True)
+    assert not any(compiled.fused)                                              # quantised: nothing fused
+    for r in (eager, compiled):
+        r.prefill(ids[:, :8])
+    start = torch.tensor(8)
+    with torch.no_grad():                                                       # graphs are CUDA-only: call the
+        want = eager._forward(ids[:, 8:], start, compiled=False)               # layer function both ways
+        got = compiled._forward(ids[:, 8:], start, compiled=True)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+    assert torch.equal(compiled._argmax(got), eager._argmax(want))
