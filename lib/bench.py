@@ -122,3 +122,35 @@ def device_name(device) -> str:
         return torch.cuda.get_device_name(d)
     import platform
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+KERNEL_KINDS = (("GEMV/GEMM", ("gemv", "gemm", "xmma", "cutlass", "marlin", "splitk", "cublas", "addmm", "aten::mm")),
+                ("attention", ("flash", "fmha", "attention", "sdpa", "efficient")),
+                ("argmax/top-k", ("argmax", "topk", "sort", "argreduce")),
+                ("copies and indexing", ("copy", "memcpy", "memset", "index", "cat", "fill")),
+                ("fused elementwise and norms (compiled)", ("triton", "fused")))
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
+
+
+def kernel_breakdown(fn, iters: int, device) -> list[dict]:
+    """Where one call of fn spends its time, from the torch profiler over `iters` calls after warm-up:
+    per kernel (CUDA; CUDA-graph replays included) or per top-level op (CPU), its kind, launches and
+    microseconds per call, largest first."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = torch.device(device).type == "cuda"
+    for _ in range(3):
+        fn()
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(iters):
+            fn()
+        sync(device)
+    events = prof.key_averages()
+    us = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    rows = [{"kernel": e.key[:120], "kind": kernel_kind(e.key), "launches": e.count / iters, "us": us(e) / iters}
+            for e in events if us(e) > 0 and (cuda or e.key.startswith("aten::"))]
+    return sorted(rows, key=lambda r: -r["us"])

@@ -2,6 +2,7 @@
 checked against the measured runs, then used for labelled PROJECTIONS (never measurements)."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from . import modes
@@ -19,8 +20,11 @@ COSTED = ("dense", "dense_shared", "flash")      # drafts whose step notebook 02
 
 def call_costs(micro: dict, target_step: dict, draft: str = "flash") -> dict:
     """Per-call costs (ms) measured in notebooks 02-03: T_p(n) target call with n tokens, T_q draft step
-    (the FlashHead model's step for FlashHead drafts, the dense model's otherwise)."""
-    return {"T_p": {int(n): v for n, v in target_step["verify_ms"].items()},
+    (the FlashHead model's step for FlashHead drafts, the dense model's otherwise). Lengths between the
+    measured ones (a profile may time only some) are interpolated linearly."""
+    measured = sorted((int(n), v) for n, v in target_step["verify_ms"].items())
+    n, ms = zip(*measured)
+    return {"T_p": {i: float(np.interp(i, n, ms)) for i in range(1, n[-1] + 1)},
             "T_q": micro["model_step"]["flash" if draft == "flash" else "dense"]["mean_ms"]}
 
 

@@ -10,7 +10,7 @@ from . import checkpoints, flash_checkpoint
 from .bench import Clock
 from .config import Profile
 from .heads import DenseHead, GraphedHead
-from .modes import BASELINE
+from .modes import BASELINE, FIXED
 from .runner import Runner
 from .speculative import Draft, Target
 
@@ -118,4 +118,9 @@ def build_engines(profile: Profile, which=None, target_model=None) -> tuple[Targ
     which = [m for m in (which or profile.decode.modes) if m != BASELINE]
     target = build_target(profile, target_model)
     drafts = build_drafts(profile, which, target.runner.clock, target.runner.model)
+    # Capture (and compile) every call length a round can use now, so none is built inside a timed generation.
+    longest = max(profile.decode.k, profile.decode.k_max if set(profile.decode.k_policies) - {FIXED} else 0) + 1
+    target.runner.warm("greedy", range(1, longest + 1))
+    for runner in {id(d.runner): d.runner for d in drafts.values()}.values():
+        runner.warm("hidden", range(1, longest + 1))
     return target, drafts

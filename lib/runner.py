@@ -106,6 +106,14 @@ class Runner:
             g["graph"].replay()
         return g["out"]
 
+    def warm(self, kind: str, lengths) -> None:
+        """Capture the graphs of these call lengths now (a no-op without graphs). Capturing runs the call at
+        position 0, which every generation's prefill overwrites."""
+        if self.graphs:
+            with on(self.device):
+                for n in lengths:
+                    self._graphs.get((kind, n)) or self._capture(kind, n)
+
     def _capture(self, kind: str, n: int) -> dict:
         ids = torch.zeros(1, n, dtype=torch.long, device=self.device)
         start = torch.zeros((), dtype=torch.long, device=self.device)

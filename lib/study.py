@@ -175,6 +175,39 @@ def head_and_step_bench(profile: Profile) -> dict:
     return result
 
 
+def draft_step_breakdown(profile: Profile) -> dict:
+    """Where one draft step (body + head, as the engine calls it) spends its time, dense and FlashHead:
+    the profiler's kernels, grouped by kind (lib.bench.kernel_breakdown). Saved in step_breakdown.json."""
+    drafts = engines.build_drafts(profile, ("dense", "flash"))
+    dev = drafts["dense"].runner.device
+    prompt = encoded_prompts(profile)[0][1]
+    x, pos = torch.tensor([[prompt[-1]]], device=dev), len(prompt)
+    out = {}
+    for name, d in drafts.items():
+        d.runner.prefill(torch.tensor([prompt], device=dev))
+        out[f"draft_{name}"] = breakdown(lambda d=d: d.head(d.runner.forward(x, pos)[:, -1]), dev)
+    return update_json(profile, "step_breakdown.json", out)
+
+
+
+
+def breakdown(fn, dev, iters: int = 20) -> dict:
+    rows = bench.kernel_breakdown(fn, iters, dev)
+    by_kind = {}
+    for r in rows:
+        by_kind[r["kind"]] = by_kind.get(r["kind"], 0.0) + r["us"]
+    return {"device": bench.device_name(dev), "total_us": sum(by_kind.values()),
+            "launches": sum(r["launches"] for r in rows), "by_kind_us": by_kind, "kernels": rows[:40]}
+
+
+def update_json(profile: Profile, name: str, data: dict) -> dict:
+    """Merge `data` into the profile's JSON file `name` (several notebooks add their parts)."""
+    path = profile.out_dir / name
+    merged = {**(json.loads(path.read_text()) if path.exists() else {}), **data}
+    save_json(profile, name, merged)
+    return merged
+
+
 def probe_point(head, h: torch.Tensor, b, dev) -> dict:
     """Latency of one FlashHead (a probe count, a kernel path) in its CUDA graph; which path really ran."""
     g = GraphedHead(head, b.cuda_graphs)
@@ -222,6 +255,9 @@ def target_step_bench(profile: Profile, target_model=None) -> dict:
               "projection": type(runner.layers[0].mlp.down_proj).__name__, "compiled": profile.bench.compile_target,
               "single": verify["1"], "verify_ms": {n: v["mean_ms"] for n, v in verify.items()}, "verify": verify}
     save_json(profile, "target_step.json", result)
+    if dev.type == "cuda":                                                   # where a single-token step goes
+        x = torch.tensor([prompt[-1:]], device=dev)
+        update_json(profile, "step_breakdown.json", {"target": breakdown(lambda: runner.greedy(x, pos), dev)})
     return result
 
 

@@ -283,3 +283,11 @@ def test_engine_overhead_is_zero_when_speculative_time_is_all_model_calls(pair, 
     rec["exact_match"] = True
     assert rec["model_call_ms"] == pytest.approx(rec["decode_ms"])
     assert report.aggregate(report.records_frame([rec])).iloc[0].engine_overhead_frac == pytest.approx(0.0, abs=1e-9)
+
+
+def test_cost_model_interpolates_unmeasured_verify_lengths():
+    from lib import costmodel
+    micro = {"model_step": {"dense": {"mean_ms": 1.0}, "flash": {"mean_ms": 0.5}}}
+    costs = costmodel.call_costs(micro, {"verify_ms": {"1": 10.0, "4": 13.0, "8": 15.0}}, "flash")
+    assert costs["T_p"] == {1: 10.0, 2: 11.0, 3: 12.0, 4: 13.0, 5: 13.5, 6: 14.0, 7: 14.5, 8: 15.0}
+    assert costs["T_q"] == 0.5
