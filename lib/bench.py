@@ -124,11 +124,13 @@ def device_name(device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-KERNEL_KINDS = (("GEMV/GEMM", ("gemv", "gemm", "xmma", "cutlass", "marlin", "splitk", "cublas", "addmm", "aten::mm")),
+# First match wins: cuBLAS on Hopper names its GEMMs nvjet_*; compiled (Triton) kernels come before attention,
+# since inductor names the fusions around attention after the ops they hold.
+KERNEL_KINDS = (("GEMV/GEMM", ("gemv", "gemm", "nvjet", "xmma", "cutlass", "marlin", "splitk", "cublas", "addmm", "aten::mm")),
+                ("fused elementwise and norms (compiled)", ("triton",)),
                 ("attention", ("flash", "fmha", "attention", "sdpa", "efficient")),
                 ("argmax/top-k", ("argmax", "topk", "sort", "argreduce")),
-                ("copies and indexing", ("copy", "memcpy", "memset", "index", "cat", "fill")),
-                ("fused elementwise and norms (compiled)", ("triton", "fused")))
+                ("copies and indexing", ("copy", "memcpy", "memset", "index", "cat", "fill")))
 
 
 def kernel_kind(name: str) -> str:

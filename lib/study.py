@@ -192,12 +192,17 @@ def draft_step_breakdown(profile: Profile) -> dict:
 
 
 def breakdown(fn, dev, iters: int = 20) -> dict:
-    rows = bench.kernel_breakdown(fn, iters, dev)
+    return {"device": bench.device_name(dev), **group_kernels(bench.kernel_breakdown(fn, iters, dev))}
+
+
+def group_kernels(rows: list[dict]) -> dict:
+    """Totals of a kernel breakdown, and microseconds per kind (kinds as lib.bench.kernel_kind names them)."""
     by_kind = {}
     for r in rows:
+        r["kind"] = bench.kernel_kind(r["kernel"])
         by_kind[r["kind"]] = by_kind.get(r["kind"], 0.0) + r["us"]
-    return {"device": bench.device_name(dev), "total_us": sum(by_kind.values()),
-            "launches": sum(r["launches"] for r in rows), "by_kind_us": by_kind, "kernels": rows[:40]}
+    return {"total_us": sum(by_kind.values()), "launches": sum(r["launches"] for r in rows), "by_kind_us": by_kind,
+            "kernels": rows}
 
 
 def update_json(profile: Profile, name: str, data: dict) -> dict:

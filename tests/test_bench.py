@@ -173,3 +173,22 @@ def test_latest_run_many_in_the_same_second(tmp_path, same_second):
     for r in runs:
         runs_lib.mark_finished(r)
     assert runs_lib.latest_run(tmp_path) == runs[-1]
+
+
+def test_kernel_kinds_name_hopper_gemms_and_compiled_fusions():
+    from lib.bench import kernel_kind
+    assert kernel_kind("nvjet_sm90_hsh_64x8_64x16_4x1_v_bz_TNT") == "GEMV/GEMM"
+    assert kernel_kind("void marlin::Marlin<__half, 256, 1, 8>(int4 const*)") == "GEMV/GEMM"
+    assert kernel_kind("triton_per_fused__scaled_dot_product_cudnn_attention_add_cat_mean") == "fused elementwise and norms (compiled)"
+    assert kernel_kind("cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_f16") == "attention"
+    assert kernel_kind("void at::native::reduce_kernel<ArgMaxOps<float>>") == "argmax/top-k"
+    assert kernel_kind("aten::le") == "other"
+
+
+def test_kernel_breakdown_of_a_cpu_call_lists_its_ops():
+    import torch
+    from lib.bench import kernel_breakdown
+    a = torch.randn(64, 64)
+    rows = kernel_breakdown(lambda: (a @ a).argmax(-1), 5, "cpu")
+    assert {"aten::mm", "aten::argmax"} <= {r["kernel"] for r in rows}
+    assert all(r["launches"] == 1.0 and r["us"] > 0 for r in rows if r["kernel"] in ("aten::mm", "aten::argmax"))
