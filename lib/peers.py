@@ -3,10 +3,9 @@
 way, and compared token by token with this engine's target-only greedy output (generate_baseline).
 
 Methods (lib.modes.PEERS): hf_greedy (greedy, the default dynamic cache), hf_static (greedy with
-cache_implementation="static", sized as this engine's cache; on CUDA transformers then compiles its decode step
-itself, once, in the warm-up), hf_assisted
-(assisted generation, greedy, the dense draft as assistant_model) and hf_prompt_lookup (prompt-lookup
-decoding, peers.prompt_lookup_tokens). Each call runs under a generation config holding only what is set
+cache_implementation="static", sized as this engine's cache; on CUDA transformers then compiles its decode
+step itself, once, in the warm-up), hf_assisted (assisted generation, greedy, the dense draft as
+assistant_model) and hf_prompt_lookup (prompt-lookup decoding, peers.prompt_lookup_tokens). Each call runs under a generation config holding only what is set
 here, swapped in for the model's own for the call, so nothing of a checkpoint's generation_config.json (its
 eos, its sampling settings) leaks in: greedy, max_new_tokens = decode.max_new_tokens, and as eos exactly the
 engine's stop tokens (study.stop_tokens: the tokenizer's eos when decode.stop_at_eos, else none, and then
