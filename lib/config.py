@@ -125,6 +125,14 @@ class Slurm:
 
 
 @dataclass(frozen=True)
+class Peers:
+    """Hugging Face generate() peers measured in this study's harness (lib/peers.py)."""
+    methods: list[str] = field(default_factory=lambda: list(modes.PEERS))
+    prompt_lookup_tokens: int = 10    # prompt_lookup_num_tokens of prompt-lookup decoding
+    assistant_schedule: str = "constant"   # constant: decode.k a round, no confidence stop; hf_default: HF's own
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str                         # the profile file's name (params/<name>.yaml), never set inside it
     seed: int
@@ -137,6 +145,7 @@ class Profile:
     prompts: Prompts
     bench: Bench
     slurm: Slurm = field(default_factory=Slurm)
+    peers: Peers = field(default_factory=Peers)
     compare_with: list[str] = field(default_factory=list)   # profiles whose summaries notebook 04 sets beside this one
 
     # Derived locations: computed here, never set in the YAML or the notebooks.
@@ -260,6 +269,10 @@ def _validate(p: Profile, where: str) -> None:
     need(set(p.decode.schedules) <= set(modes.SCHEDULES),
          f"decode.schedules: unknown schedule in {p.decode.schedules}; known: {list(modes.SCHEDULES)}")
     need(p.bench.head_kernel in ("torch", "triton"), f"bench.head_kernel must be torch or triton, got {p.bench.head_kernel!r}")
+    need(set(p.peers.methods) <= set(modes.PEERS),
+         f"peers.methods: unknown method in {p.peers.methods}; known: {list(modes.PEERS)}")
+    need(p.peers.assistant_schedule in ("constant", "hf_default") and p.peers.prompt_lookup_tokens >= 1,
+         "peers: assistant_schedule must be constant or hf_default, prompt_lookup_tokens >= 1")
     need(p.clustering.iterations >= 1, "clustering.iterations must be >= 1")
     need(p.bench.iters >= 1 and p.bench.e2e_iters >= 1, "bench.iters and bench.e2e_iters must be >= 1")
 

@@ -43,3 +43,10 @@ def run_order(drafts: list[str], schedules: list[str], k_policies=(FIXED,)) -> l
 # every mode name in the order tables and figures show them (by policy, schedule, then draft), with its label
 LABELS = {BASELINE: "Baseline", **{name(d, s, k): f"{DRAFTS[d]} draft{SCHEDULES[s]}{K_POLICIES[k]}"
                                    for k in K_POLICIES for s in SCHEDULES for d in DRAFTS}}
+
+
+# Peers measured in the same harness (lib/peers.py): Hugging Face transformers' own generate() on the profile's
+# target (and dense draft), with its label. "engine_baseline" is this engine's generate_baseline, timed beside them.
+PEERS = {"hf_greedy": "HF generate, greedy (dynamic cache)", "hf_static": "HF generate, greedy (static cache)",
+         "hf_assisted": "HF assisted generation (dense draft)", "hf_prompt_lookup": "HF prompt-lookup decoding"}
+ENGINE_BASELINE = "engine_baseline"

@@ -330,3 +330,9 @@ def write_summary(profile: Profile, data: dict) -> Path:
     path = profile.out_dir / "summary.json"
     path.write_text(json.dumps(data, indent=1))
     return path
+
+
+def peers_table(data: dict, agg: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Notebook 04: Hugging Face generate() peers (peers.json) beside this engine (lib/peers.py: table)."""
+    from .peers import table
+    return table(data, agg)

@@ -322,8 +322,11 @@ def call_costs(profile: Profile) -> dict:
 
 def extra_summary(profile: Profile) -> dict:
     """Profile-specific additions to summary.json (GPU profiles add target-step timings)."""
-    path = profile.out_dir / "target_step.json"
-    return {"target_step": json.loads(path.read_text())} if path.exists() else {}
+    path, peers = profile.out_dir / "target_step.json", profile.out_dir / "peers.json"
+    out = {"target_step": json.loads(path.read_text())} if path.exists() else {}
+    if peers.exists():                                                        # the raw rows stay in peers.json
+        out["peers"] = {k: v for k, v in json.loads(peers.read_text()).items() if k != "rows"}
+    return out
 
 
 def decoded_samples(profile: Profile, records: list[dict], n: int = 3):
@@ -368,3 +371,14 @@ def divergences(profile: Profile, records: list[dict], target_model) -> list[dic
                     "mode_token": r["tokens"][j] if j < len(r["tokens"]) else None, **gaps})
     save_json(profile, "divergences.json", {"dtype": profile.dtype, "divergences": out})
     return out
+
+
+# ---------------------------------------------------------------- peers in the same harness
+
+def peer_study(profile: Profile, target_model=None) -> dict:
+    """Hugging Face generate() (greedy, static cache, assisted with the dense draft, prompt lookup) beside this
+    engine's baseline on the same prompts, device, token budget and stop tokens (lib/peers.py): peers.json."""
+    from . import peers
+    data = peers.run(profile, encoded_prompts(profile), stop_tokens(profile), target_model)
+    save_json(profile, "peers.json", data)
+    return data
