@@ -278,9 +278,10 @@ def call_costs(profile: Profile) -> dict:
 
 
 def extra_summary(profile: Profile) -> dict:
-    """Profile-specific additions to summary.json (GPU profiles add target-step timings)."""
+    """Profile-specific additions to summary.json: target-step timings, and the adaptive study's section if it ran."""
+    from .adaptive_study import summary as adaptive_summary
     path = profile.out_dir / "target_step.json"
-    return {"target_step": json.loads(path.read_text())} if path.exists() else {}
+    return {**({"target_step": json.loads(path.read_text())} if path.exists() else {}), **adaptive_summary(profile)}
 
 
 def decoded_samples(profile: Profile, records: list[dict], n: int = 3):
