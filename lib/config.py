@@ -72,6 +72,24 @@ class Models:
 
 
 @dataclass(frozen=True)
+class AdaptiveProbes:
+    """flash_adaptive (lib/adaptive.py): per step the least p in [p_min, p_max] whose top-p softmax mass reaches threshold."""
+    threshold: float = 0.9
+    p_min: int = 1
+    p_max: int | None = None          # None: clustering.n_probes
+    temperature: float = 1.0
+    sweep: list[float] = field(default_factory=lambda: [0.5, 0.9, 0.99])   # thresholds the adaptive study compares
+
+
+@dataclass(frozen=True)
+class Bandit:
+    """The bandit_ucb / bandit_thompson drafts (lib/adaptive.py): arms are heads on the FlashHead draft's body."""
+    probes: list[int] = field(default_factory=list)   # FlashHead probe counts besides n_probes; [] = n_probes/4 and 4*n_probes
+    dense_arm: bool = True            # the dense head on the same body is an arm too
+    ucb_c: float = 1.0                # UCB1's exploration weight (times the largest reward seen)
+
+
+@dataclass(frozen=True)
 class Clustering:
     n_clusters: int
     n_probes: int | None              # probes used by the FlashHead draft everywhere (pretrained: None = the checkpoint's)
@@ -80,6 +98,7 @@ class Clustering:
     candidates: int = 32              # nearest centroids considered per token in the balanced assignment
     top_k: int = 5                    # top-k containment
     compare_shipped: bool = False     # thesis profile: compare with the checkpoint's own clustering
+    adaptive: AdaptiveProbes = field(default_factory=AdaptiveProbes)
 
 
 @dataclass(frozen=True)
@@ -92,6 +111,7 @@ class Decode:
     stop_at_eos: bool = False         # stop at the tokenizer's end-of-sequence token(s); False: fixed length
     k_policies: list[str] = field(default_factory=lambda: [modes.FIXED])   # block-length policies (lib/blocks.py)
     k_max: int = 7                    # the largest block an adaptive policy may choose
+    bandit: Bandit = field(default_factory=Bandit)
 
 
 @dataclass(frozen=True)
@@ -275,6 +295,7 @@ def _validate(p: Profile, where: str) -> None:
          "peers: assistant_schedule must be constant or hf_default, prompt_lookup_tokens >= 1")
     need(p.clustering.iterations >= 1, "clustering.iterations must be >= 1")
     need(p.bench.iters >= 1 and p.bench.e2e_iters >= 1, "bench.iters and bench.e2e_iters must be >= 1")
+    _validate_adaptive(p, need)
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -327,3 +348,16 @@ def load_profile(name_or_path: str) -> Profile:
 def as_dict(profile: Profile) -> dict:
     """The whole run configuration, for writing next to results."""
     return dataclasses.asdict(profile)
+
+
+def _validate_adaptive(p: Profile, need) -> None:
+    """Settings of the adaptive drafts (lib/adaptive.py), checked even when no adaptive mode runs."""
+    a, c, b = p.clustering.adaptive, p.clustering.n_clusters, p.decode.bandit
+    p_max = a.p_max if a.p_max is not None else p.clustering.n_probes
+    need(all(0.0 <= t <= 1.0 for t in [a.threshold, *a.sweep]), "clustering.adaptive: threshold and sweep values must be in [0, 1]")
+    need(p_max is None or 1 <= a.p_min <= p_max <= c, f"clustering.adaptive: need 1 <= p_min ({a.p_min}) <= p_max ({p_max}) <= n_clusters ({c})")
+    need(a.temperature > 0, f"clustering.adaptive.temperature must be > 0, got {a.temperature}")
+    need(all(1 <= q <= c for q in b.probes), f"decode.bandit.probes values must be in 1..n_clusters ({c})")
+    need(b.ucb_c >= 0, f"decode.bandit.ucb_c must be >= 0, got {b.ucb_c}")
+    adaptive = sorted(set(p.decode.modes) & set(modes.ADAPTIVE_DRAFTS))
+    need(not adaptive or modes.FIXED in p.decode.k_policies, f"decode.modes: {adaptive} run at fixed K only; add fixed to decode.k_policies")

@@ -9,8 +9,9 @@ import torch
 from . import checkpoints, flash_checkpoint
 from .bench import Clock
 from .config import Profile
+from .adaptive import AdaptiveFlashHead, BanditDraft, Thompson, UCB1
 from .heads import DenseHead, GraphedHead
-from .modes import BASELINE, FIXED
+from .modes import ADAPTIVE_DRAFTS, BASELINE, FIXED
 from .runner import Runner
 from .speculative import Draft, Target
 
@@ -117,10 +118,48 @@ def build_engines(profile: Profile, which=None, target_model=None) -> tuple[Targ
     """The target and the drafts `which` (default: the profile's), sharing one clock."""
     which = [m for m in (which or profile.decode.modes) if m != BASELINE]
     target = build_target(profile, target_model)
-    drafts = build_drafts(profile, which, target.runner.clock, target.runner.model)
+    drafts = build_all_drafts(profile, which, target.runner.clock, target.runner.model)
     # Capture (and compile) every call length a round can use now, so none is built inside a timed generation.
     longest = max(profile.decode.k, profile.decode.k_max if set(profile.decode.k_policies) - {FIXED} else 0) + 1
     target.runner.warm("greedy", range(1, longest + 1))
     for runner in {id(d.runner): d.runner for d in drafts.values()}.values():
         runner.warm("hidden", range(1, longest + 1))
     return target, drafts
+
+
+def shared_dense(profile: Profile) -> str:
+    """The draft whose dense head runs on the FlashHead draft's body: dense (gguf: one early-exit body) or dense_shared."""
+    return "dense" if profile.models.source == "gguf" else "dense_shared"
+
+
+def build_all_drafts(profile: Profile, which, clock=None, model=None) -> dict[str, Draft]:
+    """build_drafts, plus the adaptive drafts (lib/adaptive.py) made from the FlashHead draft's body and heads."""
+    adaptive = [w for w in which if w in ADAPTIVE_DRAFTS]
+    plain = [w for w in which if w not in ADAPTIVE_DRAFTS]
+    need = {"flash", shared_dense(profile)} if adaptive else set()
+    base = build_drafts(profile, set(plain) | need, clock, model)
+    return {**{w: base[w] for w in plain},
+            **{w: adaptive_draft(profile, w, base["flash"], base[shared_dense(profile)]) for w in adaptive}}
+
+
+def bandit_probes(profile: Profile, n_probes: int, n_clusters: int) -> list[int]:
+    """FlashHead probe counts among the bandit's arms: the draft's own and decode.bandit.probes (default p/4, 4p)."""
+    other = profile.decode.bandit.probes or [max(1, n_probes // 4), min(n_clusters, 4 * n_probes)]
+    return sorted({n_probes, *other})
+
+
+def adaptive_draft(profile: Profile, name: str, flash: Draft, dense: Draft) -> Draft:
+    """flash_adaptive (AdaptiveFlashHead on the FlashHead draft's body) or a bandit draft over heads on that body:
+    the dense head (decode.bandit.dense_arm) and FlashHead at bandit_probes, named dense and flash_p<probes>."""
+    graphed = lambda head: GraphedHead(head, Acceleration.of(profile, "draft").graphs, flash.runner.clock)
+    fh = flash.head.head
+    if name == "flash_adaptive":
+        a = profile.clustering.adaptive
+        return Draft(flash.runner, graphed(AdaptiveFlashHead(fh, a.threshold, a.p_min, a.p_max or fh.n_probes, a.temperature)))
+    b = profile.decode.bandit
+    arms = {f"flash_p{p}": flash.head if p == fh.n_probes else graphed(fh.with_probes(p))
+            for p in bandit_probes(profile, fh.n_probes, fh.n_clusters)}
+    if b.dense_arm:
+        arms["dense"] = dense.head
+    bandit = UCB1(list(arms), b.ucb_c) if name == "bandit_ucb" else Thompson(list(arms), profile.seed)
+    return BanditDraft(flash.runner, flash.head, arms, bandit)

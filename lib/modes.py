@@ -14,7 +14,12 @@ BASELINE = "baseline"
 # gguf profiles (one checkpoint): dense and flash are the target's first exit_layer layers with the dense head
 # or FlashHead; flash_full is the full-depth target with FlashHead, a fidelity control whose acceptance is
 # FlashHead's top-1 agreement with the dense head along the target's greedy trajectory.
-DRAFTS = {"dense": "Dense", "dense_shared": "Dense shared", "flash": "FlashHead", "flash_full": "FlashHead full-depth"}
+# Adaptive drafts (lib/adaptive.py, on the FlashHead draft's body): flash_adaptive chooses its probe count per step;
+# bandit_ucb / bandit_thompson choose a head (dense or FlashHead at several probe counts) each round. They run
+# at fixed K only (one adaptive axis at a time).
+DRAFTS = {"dense": "Dense", "dense_shared": "Dense shared", "flash": "FlashHead", "flash_full": "FlashHead full-depth",
+          "flash_adaptive": "FlashHead adaptive probes", "bandit_ucb": "Bandit (UCB1)", "bandit_thompson": "Bandit (Thompson)"}
+ADAPTIVE_DRAFTS = ("flash_adaptive", "bandit_ucb", "bandit_thompson")
 
 # schedule -> label suffix (see lib/speculative.py for what each does)
 SCHEDULES = {"ordinary": "", "pipelined": ", pipelined", "deferred": ", deferred"}
@@ -37,7 +42,7 @@ def run_order(drafts: list[str], schedules: list[str], k_policies=(FIXED,)) -> l
     """(draft, schedule, k_policy) of a profile in run order; the baseline has neither schedule nor policy."""
     out = [(BASELINE, None, None)] if BASELINE in drafts else []
     return out + [(d, s, k) for d in DRAFTS if d in drafts for s in SCHEDULES if s in schedules
-                  for k in K_POLICIES if k in k_policies]
+                  for k in K_POLICIES if k in k_policies and (k == FIXED or d not in ADAPTIVE_DRAFTS)]
 
 
 # every mode name in the order tables and figures show them (by policy, schedule, then draft), with its label

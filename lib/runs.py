@@ -9,10 +9,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import modes
+from . import adaptive, modes
 from .config import ROOT, Profile, as_dict
 from .blocks import make_policy
-from .speculative import Result, generate_baseline, generate_speculative
+from .speculative import Result, generate_baseline
 
 
 # ---------------------------------------------------------------- result files of a profile
@@ -186,7 +186,7 @@ def generate(target, drafts: dict, profile: Profile, ids: list[int], draft: str,
     if draft == modes.BASELINE:
         return generate_baseline(target, ids, d.max_new_tokens, stop)
     policy = make_policy(k_policy, d.k, d.k_max, schedule, (costs or {}).get(draft))
-    return generate_speculative(target, drafts[draft], ids, d.max_new_tokens, policy, schedule, stop)
+    return adaptive.generate(target, drafts[draft], ids, d.max_new_tokens, policy, schedule, stop)   # any draft
 
 
 def record(res: Result, prompt, ids: list[int], it: int, draft: str, schedule: str | None,
@@ -202,7 +202,7 @@ def record(res: Result, prompt, ids: list[int], it: int, draft: str, schedule: s
         "rounds": res.rounds, "proposed": res.proposed, "accepted": res.accepted,
         "accepted_lengths": res.accepted_lengths, "verify_calls": res.verify_calls,
         "append_calls": res.append_calls, "skipped": res.skipped, "stopped": res.stopped, "spans_ms": spans,
-        "model_call_ms": calls, "tokens": res.tokens,
+        "model_call_ms": calls, "tokens": res.tokens, "choices": res.choices, "probe_counts": res.probe_counts,
     }
 
 

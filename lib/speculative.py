@@ -77,6 +77,8 @@ class Result:
     skipped: int = 0
     accepted_lengths: list[int] = field(default_factory=list)
     block_lengths: list[int] = field(default_factory=list)                  # proposals per round
+    choices: list[str] = field(default_factory=list)                        # bandit drafts: the arm of each round
+    probe_counts: list[int] = field(default_factory=list)                   # adaptive FlashHead: steps per probe count
     spans_ms: dict = field(default_factory=dict)
     stopped: bool = False                                                   # ended at a stop token
 

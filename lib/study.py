@@ -321,12 +321,14 @@ def call_costs(profile: Profile) -> dict:
 
 
 def extra_summary(profile: Profile) -> dict:
-    """Profile-specific additions to summary.json (GPU profiles add target-step timings)."""
+    """Profile-specific additions to summary.json: target-step timings, and the peer and adaptive studies'
+    sections where they ran."""
+    from .adaptive_study import summary as adaptive_summary
     path, peers = profile.out_dir / "target_step.json", profile.out_dir / "peers.json"
     out = {"target_step": json.loads(path.read_text())} if path.exists() else {}
     if peers.exists():                                                        # the raw rows stay in peers.json
         out["peers"] = {k: v for k, v in json.loads(peers.read_text()).items() if k != "rows"}
-    return out
+    return {**out, **adaptive_summary(profile)}
 
 
 def decoded_samples(profile: Profile, records: list[dict], n: int = 3):

@@ -40,7 +40,8 @@ def test_smoke_profile_loads():
     assert p.models.source == "synthetic"
     assert p.models.synthetic.vocab_size % p.clustering.n_clusters == 0
     assert isinstance(p.clustering.probe_sweep, list) and all(isinstance(q, int) for q in p.clustering.probe_sweep)
-    assert p.decode.modes == ["baseline", "dense", "flash", "dense_shared"]          # defaults filled in
+    assert p.decode.modes == ["baseline", "dense", "flash", "dense_shared", "flash_adaptive", "bandit_ucb"]
+    assert p.decode.bandit.dense_arm and p.clustering.adaptive.temperature == 1.0      # defaults filled in
     assert p.decode.schedules == ["ordinary", "deferred"]
     assert p.prompts.limit is None
     assert as_dict(p)["models"]["synthetic"]["draft"]["hidden_size"] == p.models.synthetic.draft.hidden_size

@@ -1,0 +1,213 @@
+"""Adaptive drafts (lib/adaptive.py): the adaptive-probe FlashHead and the bandit drafter keep the output equal
+to greedy decoding; the probe count stays in its bounds and meets FlashHead at its ends; UCB1 and Thompson
+sampling explore every arm and then settle on the best one; bad settings are refused with a clear message."""
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from lib import adaptive, config, engines, modes, runs, study
+from lib.adaptive import AdaptiveFlashHead, BanditDraft, Thompson, UCB1, mean_probes
+from lib.blocks import FixedK, GrowK
+from lib.engines import make_target
+from lib.heads import DenseHead, FlashHead, GraphedHead
+from lib.runner import Runner
+from lib.speculative import Draft, generate_baseline
+
+from conftest import N_CLUSTERS, SPECIAL_IDS, VOCAB
+
+MAX_NEW, MAX_LEN = 20, 64
+PROMPTS = [7, 30]
+
+
+def prompt_of(n: int) -> list[int]:
+    return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(100 + n)).tolist()
+
+
+@pytest.fixture(scope="module")
+def flash(pair, draft_clustering):
+    W, cents, assign = draft_clustering
+    return FlashHead(pair[1].get_output_embeddings().weight, cents, assign, 8, SPECIAL_IDS)
+
+
+@pytest.fixture(scope="module")
+def hidden(pair):
+    """Draft hidden states at 30 prompt positions."""
+    return Runner(pair[1], MAX_LEN).forward(torch.tensor([prompt_of(30)]), 0, graph=False)[0]
+
+
+@pytest.fixture(scope="module")
+def baselines(pair):
+    return {n: generate_baseline(make_target(pair[0], MAX_LEN), prompt_of(n), MAX_NEW).tokens for n in PROMPTS}
+
+
+def bandit_draft(pair, flash, bandit_cls) -> BanditDraft:
+    runner = Runner(pair[1], MAX_LEN)
+    arms = {"dense": GraphedHead(DenseHead(flash.weight)), "flash_p1": GraphedHead(flash.with_probes(1)),
+            "flash_p8": GraphedHead(flash)}
+    return BanditDraft(runner, arms["flash_p8"], arms, bandit_cls(list(arms)))
+
+
+# the adaptive probe count
+
+def test_probe_count_stays_in_bounds_and_follows_the_threshold(flash, hidden):
+    ps = {t: AdaptiveFlashHead(flash, t, 2, 16).scored(hidden)[2] for t in (0.0, 0.5, 0.9, 0.99, 1.0)}
+    assert all(((p >= 2) & (p <= 16)).all() for p in ps.values())
+    assert (ps[0.0] == 2).all() and (ps[1.0] == 16).all()                # threshold 0: p_min; threshold 1: p_max
+    assert (ps[0.5] <= ps[0.9]).all() and (ps[0.9] <= ps[0.99]).all()     # more mass needs more probes
+    assert len(set(ps[0.9].tolist())) > 1                                 # it really adapts per step
+
+
+def test_fixed_bounds_equal_flash_head_at_that_probe_count(flash, hidden):
+    for p in (1, 4, 8):
+        head = AdaptiveFlashHead(flash, 0.7, p, p)
+        assert torch.equal(head(hidden), flash.with_probes(p)(hidden))
+
+
+def test_only_the_chosen_probes_are_scored(flash, hidden):
+    head = AdaptiveFlashHead(flash, 0.9, 1, 16)
+    cand, keep, p = head.scored(hidden)
+    b, s = flash.c2t.shape[1], len(SPECIAL_IDS)
+    assert torch.equal(keep.sum(1), p * b + s)
+    tok = head(hidden)
+    assert ((cand == tok[:, None]) & keep).any(1).all()                  # the answer is a scored candidate
+    assert sum(head.probe_counts()) == hidden.shape[0]
+    assert 1 <= mean_probes(head.probe_counts()) <= 16
+
+
+@pytest.mark.parametrize("kw,match", [(dict(threshold=1.5), "threshold"), (dict(p_min=0), "p_min"),
+                                      (dict(p_min=9, p_max=8), "p_min"), (dict(p_max=N_CLUSTERS + 1), "p_max"),
+                                      (dict(temperature=0.0), "temperature")])
+def test_bad_adaptive_settings_are_refused(flash, kw, match):
+    args = dict(threshold=0.9, p_min=1, p_max=8) | kw
+    with pytest.raises(ValueError, match=match):
+        AdaptiveFlashHead(flash, **args)
+
+
+# the bandit
+
+def test_ucb1_tries_every_arm_once_then_settles_on_the_best():
+    rng, means = random.Random(0), {"a": 1.0, "b": 2.0, "c": 1.5}
+    b, picks = UCB1(list(means), c=0.5), []
+    for _ in range(400):
+        arm = b.choose()
+        picks.append(arm)
+        b.update(arm, means[arm] + rng.gauss(0, 0.3))
+    assert sorted(picks[:3]) == ["a", "b", "c"]
+    assert picks[-100:].count("b") > 90
+
+
+def test_thompson_settles_on_the_best():
+    rng, means = random.Random(1), {"a": 1.0, "b": 1.2, "c": 2.0}
+    b, picks = Thompson(list(means), seed=3), []
+    for _ in range(400):
+        arm = b.choose()
+        picks.append(arm)
+        b.update(arm, means[arm] + rng.gauss(0, 0.3))
+    assert sorted(picks[:3]) == ["a", "b", "c"] and picks[-100:].count("c") > 90
+
+
+def test_bandit_needs_two_distinct_known_arms():
+    with pytest.raises(ValueError, match="at least two distinct arms"):
+        UCB1(["a"])
+    with pytest.raises(ValueError, match="unknown arm"):
+        UCB1(["a", "b"]).update("z", 1.0)
+
+
+# output equals greedy decoding
+
+@pytest.mark.parametrize("schedule", ["ordinary", "deferred", "pipelined"])
+def test_adaptive_probe_draft_keeps_greedy_output(pair, flash, baselines, schedule):
+    draft = Draft(Runner(pair[1], MAX_LEN), GraphedHead(AdaptiveFlashHead(flash, 0.9, 1, 16)))
+    for n in PROMPTS:
+        res = adaptive.generate(make_target(pair[0], MAX_LEN), draft, prompt_of(n), MAX_NEW, FixedK(4), schedule)
+        assert res.tokens == baselines[n]
+        assert sum(res.probe_counts) >= res.proposed and all(c == 0 for c in res.probe_counts[:1])
+
+
+@pytest.mark.parametrize("bandit_cls", [UCB1, Thompson])
+@pytest.mark.parametrize("schedule", ["ordinary", "deferred"])
+def test_bandit_draft_keeps_greedy_output_and_records_its_choices(pair, flash, baselines, schedule, bandit_cls):
+    draft = bandit_draft(pair, flash, bandit_cls)
+    for n in PROMPTS:
+        for policy in (FixedK(3), GrowK(2, 6)):
+            res = adaptive.generate(make_target(pair[0], MAX_LEN), draft, prompt_of(n), MAX_NEW, policy, schedule)
+            assert res.tokens == baselines[n]
+            assert len(res.choices) == res.rounds and set(res.choices) <= set(draft.arms)
+    assert all(v > 0 for v in draft.bandit.n.values())                   # every arm was tried and rewarded
+
+
+# the profile's modes, built by lib/engines.py and run by lib/runs.py on smoke
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    p = config.load_profile("smoke")
+    return replace(p, prompts=replace(p.prompts, per_group=1, limit=2),
+                   decode=replace(p.decode, max_new_tokens=12, modes=["baseline", "flash", *modes.ADAPTIVE_DRAFTS],
+                                  schedules=["ordinary", "deferred"], k_policies=["fixed", "grow"]),
+                   bench=replace(p.bench, e2e_warmup=0))
+
+
+@pytest.fixture(scope="module")
+def smoke_run(smoke):
+    return runs.read_records(study.run_speculative(smoke, fresh=True))
+
+
+def test_smoke_adaptive_modes_equal_greedy_and_record_choices(smoke, smoke_run):
+    recs = smoke_run
+    spec = [r for r in recs if r["draft"] in modes.ADAPTIVE_DRAFTS]
+    assert {r["mode"] for r in spec} == {modes.name(d, s) for d in modes.ADAPTIVE_DRAFTS for s in ("ordinary", "deferred")}
+    assert all(r["exact_match"] for r in recs)                           # fixed K only: adaptive drafts skip grow
+    for r in spec:
+        if r["draft"] == "flash_adaptive":
+            a = smoke.clustering.adaptive
+            assert sum(r["probe_counts"][:a.p_min]) == 0 and len(r["probe_counts"]) == (a.p_max or smoke.clustering.n_probes) + 1
+        else:
+            assert len(r["choices"]) == r["rounds"] and all(c == "dense" or c.startswith("flash_p") for c in r["choices"])
+
+
+def test_adaptive_study_compares_every_policy_with_fixed_settings(smoke, smoke_run):
+    from lib import adaptive_study
+    a = adaptive_study.adaptive_study(smoke, n_prompts=1)
+    assert all(s["exact_match"] == 1.0 for s in a["drafters"].values())
+    pr = a["probes"]
+    assert [r["threshold"] for r in pr["adaptive"]] == sorted({smoke.clustering.adaptive.threshold, *smoke.clustering.adaptive.sweep})
+    assert all(pr["p_min"] <= r["min_probes"] <= r["mean_probes"] <= r["max_probes"] <= pr["p_max"] for r in pr["adaptive"])
+    tops = [r["top1"] for r in pr["fixed"]]
+    assert tops == sorted(tops)                                           # more probes never contain less
+    arms = set(a["drafters"]["bandit_ucb"]["choice_freq"])
+    assert arms <= {"dense", "flash_p2", "flash_p8", "flash_p32"} and a["regret"]["bandit_ucb"]["best_arm"] in a["drafters"]
+    policies = {r["policy"] for r in a["policies"]}
+    assert {"bandit_ucb", "bandit_thompson", "adaptive_t0.9", "flash_adaptive_deferred", "flash_deferred_grow"} <= policies
+    grow = next(r for r in a["policies"] if r["policy"] == "flash_deferred_grow")
+    assert grow["best_fixed"] == "flash_deferred" and grow["mean_k"] >= 1
+    assert adaptive_study.summary(smoke)["adaptive"]["policies"] == a["policies"]
+
+
+@pytest.mark.parametrize("section,kw,match", [
+    ("adaptive", dict(threshold=1.2), "threshold"), ("adaptive", dict(p_min=5, p_max=4), "p_min"),
+    ("adaptive", dict(temperature=-1.0), "temperature"), ("bandit", dict(probes=[0]), "bandit.probes"),
+    ("bandit", dict(ucb_c=-1.0), "ucb_c")])
+def test_bad_profile_settings_are_refused(section, kw, match):
+    p = config.load_profile("smoke")
+    if section == "adaptive":
+        p = replace(p, clustering=replace(p.clustering, adaptive=replace(p.clustering.adaptive, **kw)))
+    else:
+        p = replace(p, decode=replace(p.decode, bandit=replace(p.decode.bandit, **kw)))
+    with pytest.raises(config.ConfigError, match=match):
+        config._validate(p, "smoke.yaml")
+
+
+def test_adaptive_drafts_need_fixed_k():
+    p = config.load_profile("smoke")
+    p = replace(p, decode=replace(p.decode, modes=["flash_adaptive"], k_policies=["grow"]))
+    with pytest.raises(config.ConfigError, match="fixed K only"):
+        config._validate(p, "smoke.yaml")
+
+
+def test_bandit_arms_come_from_the_profile():
+    p = config.load_profile("smoke")
+    assert engines.bandit_probes(p, 8, 256) == [2, 8, 32]
+    p = replace(p, decode=replace(p.decode, bandit=replace(p.decode.bandit, probes=[4, 64])))
+    assert engines.bandit_probes(p, 8, 256) == [4, 8, 64]
