@@ -92,6 +92,8 @@ class Decode:
     stop_at_eos: bool = False         # stop at the tokenizer's end-of-sequence token(s); False: fixed length
     k_policies: list[str] = field(default_factory=lambda: [modes.FIXED])   # block-length policies (lib/blocks.py)
     k_max: int = 7                    # the largest block an adaptive policy may choose
+    temperatures: list[float] = field(default_factory=lambda: [0.5, 1.0])   # sampling study (lib/sampling.py)
+    top_p: float = 1.0                # sampling study: nucleus mass (1: the whole distribution)
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,9 @@ def _validate(p: Profile, where: str) -> None:
     need(p.decode.k_max >= p.decode.k, "decode.k_max must be >= decode.k")
     need(set(p.decode.schedules) <= set(modes.SCHEDULES),
          f"decode.schedules: unknown schedule in {p.decode.schedules}; known: {list(modes.SCHEDULES)}")
+    need(all(t > 0 for t in p.decode.temperatures), f"decode.temperatures must all be > 0 (greedy is the "
+         f"end-to-end run), got {p.decode.temperatures}")
+    need(0 < p.decode.top_p <= 1, f"decode.top_p must be in (0, 1], got {p.decode.top_p}")
     need(p.bench.head_kernel in ("torch", "triton"), f"bench.head_kernel must be torch or triton, got {p.bench.head_kernel!r}")
     need(p.clustering.iterations >= 1, "clustering.iterations must be >= 1")
     need(p.bench.iters >= 1 and p.bench.e2e_iters >= 1, "bench.iters and bench.e2e_iters must be >= 1")

@@ -280,7 +280,9 @@ def call_costs(profile: Profile) -> dict:
 def extra_summary(profile: Profile) -> dict:
     """Profile-specific additions to summary.json (GPU profiles add target-step timings)."""
     path = profile.out_dir / "target_step.json"
-    return {"target_step": json.loads(path.read_text())} if path.exists() else {}
+    out = {"target_step": json.loads(path.read_text())} if path.exists() else {}
+    from .sampling_study import summary_section
+    return out | summary_section(profile)
 
 
 def decoded_samples(profile: Profile, records: list[dict], n: int = 3):
@@ -325,3 +327,17 @@ def divergences(profile: Profile, records: list[dict], target_model) -> list[dic
                     "mode_token": r["tokens"][j] if j < len(r["tokens"]) else None, **gaps})
     save_json(profile, "divergences.json", {"dtype": profile.dtype, "divergences": out})
     return out
+
+
+# ---------------------------------------------------------------- speculative sampling (lib/sampling.py)
+
+def sampling_study(profile: Profile, target_model=None) -> dict:
+    """Target-only sampling and speculative sampling with each draft and schedule of the profile, at each of
+    decode.temperatures (lib/sampling_study.py); saves sampling.json and returns it."""
+    from . import sampling_study as ss
+    ensure_flash_checkpoint(profile)
+    target, drafts = engines.build_engines(profile, target_model=target_model)
+    samples = ss.run(profile, target, drafts, encoded_prompts(profile), stop_tokens(profile))
+    data = ss.result(profile, samples, device_info(profile))
+    save_json(profile, "sampling.json", data)
+    return data
