@@ -43,3 +43,6 @@ def run_order(drafts: list[str], schedules: list[str], k_policies=(FIXED,)) -> l
 # every mode name in the order tables and figures show them (by policy, schedule, then draft), with its label
 LABELS = {BASELINE: "Baseline", **{name(d, s, k): f"{DRAFTS[d]} draft{SCHEDULES[s]}{K_POLICIES[k]}"
                                    for k in K_POLICIES for s in SCHEDULES for d in DRAFTS}}
+
+# the schedules speculative sampling supports (lib/sampling.py)
+SAMPLING_SCHEDULES = (ORDINARY, DEFERRED)

@@ -23,11 +23,9 @@ import torch
 from .blocks import FixedK
 from .bench import sync
 from .heads import FlashHead
-from .modes import DEFERRED, ORDINARY
+from .modes import DEFERRED, SAMPLING_SCHEDULES
 from .speculative import (Draft, Result, Sequence, Target, accept, check_args, count_round, generate_baseline,
                           generate_speculative, roll_back, to_device)
-
-SAMPLING_SCHEDULES = (ORDINARY, DEFERRED)
 
 
 @dataclass(frozen=True)
@@ -98,6 +96,7 @@ class FlashSampler:
     """FlashHead's sampling draft. Draw p probe clusters from the centroid softmax softmax(h C^T / T)
     without replacement (Gumbel-top-p: the p largest of score / T + Gumbel noise), then a token from the
     softmax of the exact logits / T of the drawn clusters' tokens (and the special tokens), zero elsewhere.
+    draw_probes=False probes FlashHead's own top-p clusters instead (a function of the context: also exact).
 
     Why the output stays exact: the acceptance rule emits tokens distributed as p for *any* proposal
     distribution q that is fixed before the proposal is drawn from it. Given the context, the probe set S
@@ -107,11 +106,13 @@ class FlashSampler:
     token was really drawn from), not FlashHead's marginal over probe sets, which has no closed form.
     """
 
-    def __init__(self, head: FlashHead, dist: Dist):
-        self.head, self.dist = head, dist
+    def __init__(self, head: FlashHead, dist: Dist, draw_probes: bool = True):
+        self.head, self.dist, self.draw_probes = head, dist, draw_probes
 
     def probes(self, h: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        """p clusters (p,) drawn without replacement from softmax(centroid scores / T)."""
+        """p clusters (p,) drawn without replacement from softmax(centroid scores / T) (or the top p)."""
+        if not self.draw_probes:
+            return self.head.probes(h)[0]
         scores = (h[0] @ self.head.centroids.T).float() / self.dist.temperature
         u = torch.rand(scores.shape, generator=gen, device=scores.device).clamp_min(1e-20)
         return (scores - (-u.log()).log()).topk(self.head.n_probes).indices     # + Gumbel(0,1) noise
@@ -127,10 +128,10 @@ class FlashSampler:
         return draw(q, gen), q
 
 
-def sampler_for(draft: Draft, dist: Dist):
+def sampler_for(draft: Draft, dist: Dist, draw_probes: bool = True):
     """The sampling counterpart of the draft's greedy head (FlashHead or dense)."""
     head = draft.head.head
-    return FlashSampler(head, dist) if isinstance(head, FlashHead) else DenseSampler(head.weight, dist)
+    return FlashSampler(head, dist, draw_probes) if isinstance(head, FlashHead) else DenseSampler(head.weight, dist)
 
 
 @torch.no_grad()
@@ -227,17 +228,18 @@ def start(target: Target, draft: Draft, s: Sequence, dist: Dist) -> torch.Tensor
 
 @torch.no_grad()
 def sample_speculative(target: Target, draft: Draft, prompt: list[int], max_new: int, k, schedule: str,
-                       temperature: float, top_p: float = 1.0, seed: int = 0, stop: frozenset = frozenset()) -> Result:
+                       temperature: float, top_p: float = 1.0, seed: int = 0, stop: frozenset = frozenset(),
+                       draw_probes: bool = True) -> Result:
     """Speculative sampling (ordinary or deferred schedule): every token distributed as target sampling
     with the same temperature and top-p. Temperature 0 is greedy speculative decoding (lib/speculative.py).
-    k: the block length or a block-length policy (lib/blocks.py)."""
+    k: the block length or a block-length policy (lib/blocks.py); draw_probes: see FlashSampler."""
     if temperature == 0:
         return generate_speculative(target, draft, prompt, max_new, k, schedule, stop)
     if schedule not in SAMPLING_SCHEDULES:
         raise ValueError(f"speculative sampling supports schedules {list(SAMPLING_SCHEDULES)}, got {schedule!r}")
     dist, rng, policy = Dist(temperature, top_p), Rng(seed), FixedK(k) if isinstance(k, int) else k
     check_args(target, prompt, max_new, policy.k_max)
-    clock, sampler = target.runner.clock, sampler_for(draft, dist)
+    clock, sampler = target.runner.clock, sampler_for(draft, dist, draw_probes)
     draft.use_clock(clock)
     t0 = time.perf_counter()
     s = Sequence(prompt, first_token(target, prompt, dist, rng), max_new, stop)

@@ -1,33 +1,46 @@
 """The sampling study: target-only sampling against speculative sampling with each draft of the profile, at
-each of decode.temperatures (top-p decode.top_p), on the profile's prompts. Greedy numbers come from notebook
-03's run. Writes sampling.json: one record per sample and one row per (temperature, mode)."""
+each of sampling.temperatures (top-p sampling.top_p), on the profile's prompts; FlashHead drafts once per
+probe policy (sampling.probes). Greedy numbers come from notebook 03's run. Writes sampling.json: one record
+per sample and one row per (temperature, mode)."""
 from __future__ import annotations
 
 import json
 
 from . import modes
 from .config import Profile
-from .sampling import SAMPLING_SCHEDULES, sample_baseline, sample_speculative
+from .sampling import sample_baseline, sample_speculative
+
+FLASH_DRAFTS = ("flash", "flash_full")                                     # drafts whose head is FlashHead
 
 
-def sampling_modes(profile: Profile) -> list[tuple[str, str | None]]:
-    """(draft, schedule) of the baseline and every draft x schedule that speculative sampling supports."""
-    d = profile.decode
-    return [(modes.BASELINE, None)] + [(draft, s) for draft, s, _ in modes.run_order(d.modes, d.schedules)
-                                       if draft != modes.BASELINE and s in SAMPLING_SCHEDULES]
+def sampling_modes(profile: Profile) -> list[tuple[str, str | None, str | None]]:
+    """(draft, schedule, probe policy) of the baseline and of every draft x sampling schedule (x probe
+    policy for FlashHead drafts)."""
+    s = profile.sampling
+    out = [(modes.BASELINE, None, None)]
+    for draft, schedule, _ in modes.run_order(profile.decode.modes, s.schedules):
+        if draft != modes.BASELINE:
+            out += [(draft, schedule, p) for p in s.probes] if draft in FLASH_DRAFTS else [(draft, schedule, None)]
+    return out
+
+
+def mode_name(draft: str, schedule: str | None, probes: str | None) -> str:
+    """lib.modes' name, with '_top_probes' for a FlashHead draft probing its own top clusters."""
+    return modes.name(draft, schedule) + ("_top_probes" if probes == "top" else "")
 
 
 def sample_once(profile: Profile, target, drafts: dict, ids: list[int], draft: str, schedule: str | None,
-                temperature: float, seed: int, stop: frozenset):
-    d = profile.decode
+                probes: str | None, temperature: float, seed: int, stop: frozenset):
+    d, s = profile.decode, profile.sampling
     if draft == modes.BASELINE:
-        return sample_baseline(target, ids, d.max_new_tokens, temperature, d.top_p, seed, stop)
-    return sample_speculative(target, drafts[draft], ids, d.max_new_tokens, d.k, schedule, temperature, d.top_p,
-                              seed, stop)
+        return sample_baseline(target, ids, d.max_new_tokens, temperature, s.top_p, seed, stop)
+    return sample_speculative(target, drafts[draft], ids, d.max_new_tokens, d.k, schedule, temperature, s.top_p,
+                              seed, stop, draw_probes=probes != "top")
 
 
-def sample_record(res, prompt, draft: str, schedule: str | None, temperature: float, top_p: float, seed: int) -> dict:
-    return {"mode": modes.name(draft, schedule), "draft": draft, "schedule": schedule or modes.BASELINE,
+def sample_record(res, prompt, mode: tuple, temperature: float, top_p: float, seed: int) -> dict:
+    draft, schedule, probes = mode
+    return {"mode": mode_name(*mode), "draft": draft, "schedule": schedule or modes.BASELINE, "probes": probes,
             "temperature": temperature, "top_p": top_p, "seed": seed, "question_id": prompt.question_id,
             "group": prompt.group, "ttft_ms": res.ttft_ms, "decode_ms": res.decode_ms,
             "decode_tokens": res.decode_tokens, "rounds": res.rounds, "proposed": res.proposed,
@@ -38,17 +51,17 @@ def sample_record(res, prompt, draft: str, schedule: str | None, temperature: fl
 def run(profile: Profile, target, drafts: dict, enc: list, stop: frozenset) -> list[dict]:
     """Every (temperature, prompt, mode) once, after warming each mode up on the first prompt. A sample's
     seed depends on its temperature and prompt only, so every mode of one prompt shares its first token."""
-    order, d = sampling_modes(profile), profile.decode
+    order, s = sampling_modes(profile), profile.sampling
     for mode in order:
         for w in range(profile.bench.e2e_warmup):
-            sample_once(profile, target, drafts, enc[0][1], *mode, d.temperatures[0], -1 - w, stop)
+            sample_once(profile, target, drafts, enc[0][1], *mode, s.temperatures[0], -1 - w, stop)
     out = []
-    for ti, temperature in enumerate(d.temperatures):
+    for ti, temperature in enumerate(s.temperatures):
         for i, (prompt, ids) in enumerate(enc):
             seed = profile.seed + 1000 * ti + i
             for mode in order[i % len(order):] + order[:i % len(order)]:    # rotate the mode order per prompt
                 res = sample_once(profile, target, drafts, ids, *mode, temperature, seed, stop)
-                out.append(sample_record(res, prompt, *mode, temperature, d.top_p, seed))
+                out.append(sample_record(res, prompt, mode, temperature, s.top_p, seed))
     return out
 
 
@@ -61,7 +74,8 @@ def aggregate(samples: list[dict]) -> list[dict]:
         rs = [r for r in samples if (r["temperature"], r["mode"]) == key]
         total = lambda k: sum(r[k] for r in rs)
         rows.append({"temperature": key[0], "mode": key[1], "draft": rs[0]["draft"], "schedule": rs[0]["schedule"],
-                     "samples": len(rs), "accepted": total("accepted"), "proposed": total("proposed"),
+                     "probes": rs[0]["probes"], "samples": len(rs), "accepted": total("accepted"),
+                     "proposed": total("proposed"),
                      "acceptance": total("accepted") / total("proposed") if total("proposed") else None,
                      "mean_emitted": (total("accepted") + total("rounds")) / total("rounds") if total("rounds") else None,
                      "decode_tok_s": 1000 * total("decode_tokens") / total("decode_ms"),
@@ -74,9 +88,9 @@ def aggregate(samples: list[dict]) -> list[dict]:
 
 def result(profile: Profile, samples: list[dict], device: dict) -> dict:
     """What sampling.json holds; summary.json's `sampling` key holds all of it but the samples."""
-    d = profile.decode
-    return {"temperatures": d.temperatures, "top_p": d.top_p, "k": d.k, "max_new_tokens": d.max_new_tokens,
-            "device": device, "real_weights": profile.models.source != "synthetic",
+    s, d = profile.sampling, profile.decode
+    return {"temperatures": s.temperatures, "top_p": s.top_p, "probes": s.probes, "k": d.k,
+            "max_new_tokens": d.max_new_tokens, "device": device, "real_weights": profile.models.source != "synthetic",
             "rows": aggregate(samples), "samples": samples}
 
 

@@ -333,7 +333,7 @@ def divergences(profile: Profile, records: list[dict], target_model) -> list[dic
 
 def sampling_study(profile: Profile, target_model=None) -> dict:
     """Target-only sampling and speculative sampling with each draft and schedule of the profile, at each of
-    decode.temperatures (lib/sampling_study.py); saves sampling.json and returns it."""
+    sampling.temperatures (lib/sampling_study.py); saves sampling.json and returns it."""
     from . import sampling_study as ss
     ensure_flash_checkpoint(profile)
     target, drafts = engines.build_engines(profile, target_model=target_model)

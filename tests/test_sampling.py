@@ -73,18 +73,19 @@ def gof_pvalue(counts: Counter, probs: dict, n: int) -> float:
     return float(chisquare(obs, exp).pvalue)
 
 
-def sampled_prefixes(engines, draft: str, schedule: str, prompt: list[int], top_p: float) -> Counter:
+def sampled_prefixes(engines, draft: str, schedule: str, prompt: list[int], top_p: float, draw_probes: bool) -> Counter:
     """The first three emitted tokens of N_SAMPLES speculative generations (K = 2, seeds 0..N-1)."""
     target, drafts = engines
-    return Counter(tuple(sampling.sample_speculative(target, drafts[draft], prompt, 4, 2, schedule, TEMPERATURE,
-                                                     top_p, seed=s).tokens[:3]) for s in range(N_SAMPLES))
+    return Counter(tuple(sampling.sample_speculative(target, drafts[draft], prompt, 4, 2, schedule, TEMPERATURE, top_p,
+                                                     seed=s, draw_probes=draw_probes).tokens[:3]) for s in range(N_SAMPLES))
 
 
-def exactness_pvalues(engines, draft: str, schedule: str, prompt: list[int], top_p: float = 1.0) -> list[float]:
+def exactness_pvalues(engines, draft: str, schedule: str, prompt: list[int], top_p: float = 1.0,
+                      draw_probes: bool = True) -> list[float]:
     """p-values of (x0, x1) and (x0, x1, x2) against the target's probabilities. x0 is drawn after the
     prefill; x1 by d1's acceptance or the residual; x2 by d2's acceptance, the residual, or a later round."""
     target, dist = engines[0], sampling.Dist(TEMPERATURE, top_p)
-    triples = sampled_prefixes(engines, draft, schedule, prompt, top_p)
+    triples = sampled_prefixes(engines, draft, schedule, prompt, top_p, draw_probes)
     pairs = Counter()
     for t, c in triples.items():
         pairs[t[:2]] += c
@@ -93,10 +94,11 @@ def exactness_pvalues(engines, draft: str, schedule: str, prompt: list[int], top
 
 # exactness, and the power to see a wrong residual
 
-@pytest.mark.parametrize("draft,schedule,prompt,top_p", [("dense", "ordinary", 0, 1.0), ("flash", "ordinary", 1, 1.0),
-                                                         ("flash", "deferred", 0, 0.95)])
-def test_speculative_sampling_is_exact(engines, draft, schedule, prompt, top_p):
-    pvalues = exactness_pvalues(engines, draft, schedule, PROMPTS[prompt], top_p)
+@pytest.mark.parametrize("draft,schedule,prompt,top_p,draw_probes", [
+    ("dense", "ordinary", 0, 1.0, True), ("flash", "ordinary", 1, 1.0, True), ("flash", "deferred", 0, 0.95, True),
+    ("flash", "ordinary", 0, 1.0, False)])
+def test_speculative_sampling_is_exact(engines, draft, schedule, prompt, top_p, draw_probes):
+    pvalues = exactness_pvalues(engines, draft, schedule, PROMPTS[prompt], top_p, draw_probes)
     assert min(pvalues) > 1e-3, pvalues
 
 
@@ -169,6 +171,9 @@ def test_flash_proposal_lives_on_the_drawn_clusters(engines, draft_clustering):
     support = set(fs.head.c2t[probes].flatten().tolist()) | set(SPECIAL_IDS)
     assert set(q.nonzero().flatten().tolist()) == support and int(tok) in support
     assert abs(float(q.sum()) - 1) < 1e-5
+    top = sampling.FlashSampler(fs.head, fs.dist, draw_probes=False)          # FlashHead's own top-p clusters
+    _, q = top(h, torch.Generator().manual_seed(5))
+    assert set(q.nonzero().flatten().tolist()) == set(fs.head.candidates(h)[0].tolist())
 
 
 def test_nucleus_keeps_the_smallest_top_set():
@@ -199,21 +204,29 @@ def test_bad_requests_are_refused(engines, kwargs, message):
 
 def test_profile_sampling_settings_are_validated(tmp_path):
     smoke = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
-    p = load_profile("smoke")
-    assert p.decode.temperatures == [0.5, 1.0] and p.decode.top_p == 1.0
-    for bad, message in (({"temperatures": [0.5, 0.0]}, "decode.temperatures must all be > 0"),
-                         ({"top_p": 1.2}, r"decode.top_p must be in \(0, 1\]"),
+    s = load_profile("smoke").sampling
+    assert (s.temperatures, s.top_p, s.schedules, s.probes) == ([0.5, 1.0], 1.0, ["ordinary", "deferred"], ["drawn", "top"])
+    for bad, message in (({"temperatures": [0.5, 0.0]}, "sampling.temperatures must be a non-empty list"),
+                         ({"temperatures": []}, "sampling.temperatures must be a non-empty list"),
+                         ({"top_p": 1.2}, r"sampling.top_p must be in \(0, 1\]"),
+                         ({"schedules": ["pipelined"]}, "sampling.schedules must be a non-empty subset"),
+                         ({"probes": ["random"]}, "sampling.probes must be a non-empty subset"),
                          ({"temperatures": ["hot"]}, "expected float")):
         path = tmp_path / "custom.yaml"
-        path.write_text(yaml.safe_dump({**smoke, "decode": {**smoke["decode"], **bad}}))
+        path.write_text(yaml.safe_dump({**smoke, "sampling": bad}))
         with pytest.raises(ConfigError, match=message):
             load_profile(str(path))
 
 
-def test_sampling_modes_leave_out_pipelined():
+def test_sampling_modes():
     p = load_profile("smoke")
-    p = replace(p, decode=replace(p.decode, modes=["baseline", "flash"], schedules=["ordinary", "pipelined", "deferred"]))
-    assert sampling_study.sampling_modes(p) == [("baseline", None), ("flash", "ordinary"), ("flash", "deferred")]
+    p = replace(p, decode=replace(p.decode, modes=["baseline", "dense", "flash"]),
+                sampling=replace(p.sampling, schedules=["deferred"]))
+    order = sampling_study.sampling_modes(p)
+    assert order == [("baseline", None, None), ("dense", "deferred", None), ("flash", "deferred", "drawn"),
+                     ("flash", "deferred", "top")]
+    assert [sampling_study.mode_name(*m) for m in order] == ["baseline", "dense_deferred", "flash_deferred",
+                                                             "flash_deferred_top_probes"]
 
 
 @dataclass
@@ -225,11 +238,11 @@ class FakePrompt:
 def test_study_records_and_summary(engines):
     target, drafts = engines
     p = load_profile("smoke")
-    p = replace(p, decode=replace(p.decode, modes=["baseline", "dense", "flash"], max_new_tokens=10, k=3,
-                                  temperatures=[0.7, 1.3], top_p=0.9), bench=replace(p.bench, e2e_warmup=1))
+    p = replace(p, decode=replace(p.decode, modes=["baseline", "dense", "flash"], max_new_tokens=10, k=3),
+                sampling=replace(p.sampling, temperatures=[0.7, 1.3], top_p=0.9), bench=replace(p.bench, e2e_warmup=1))
     enc = [(FakePrompt(i, "g"), ids) for i, ids in enumerate(PROMPTS)]
     samples = sampling_study.run(p, target, drafts, enc, frozenset())
-    assert len(samples) == 2 * len(PROMPTS) * 5                                 # temperatures x prompts x modes
+    assert len(samples) == 2 * len(PROMPTS) * 7                                 # temperatures x prompts x modes
     for t in (0.7, 1.3):
         for qid in range(len(PROMPTS)):
             same = [r for r in samples if r["temperature"] == t and r["question_id"] == qid]
