@@ -115,6 +115,16 @@ class Decode:
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """The speculative-sampling study (lib/sampling.py, lib/sampling_study.py); greedy is the end-to-end run."""
+    temperatures: list[float] = field(default_factory=lambda: [0.5, 1.0])
+    top_p: float = 1.0                # nucleus mass (1: the whole distribution)
+    schedules: list[str] = field(default_factory=lambda: list(modes.SAMPLING_SCHEDULES))
+    # FlashHead drafts: probe clusters "drawn" from the centroid softmax, or FlashHead's own "top" p (both exact)
+    probes: list[str] = field(default_factory=lambda: ["drawn", "top"])
+
+
+@dataclass(frozen=True)
 class Prompts:
     file: str = "builtin"             # "builtin" or a Spec-Bench question.jsonl path
     per_group: int | None = None
@@ -166,6 +176,7 @@ class Profile:
     bench: Bench
     slurm: Slurm = field(default_factory=Slurm)
     peers: Peers = field(default_factory=Peers)
+    sampling: Sampling = field(default_factory=Sampling)
     compare_with: list[str] = field(default_factory=list)   # profiles whose summaries notebook 04 sets beside this one
 
     # Derived locations: computed here, never set in the YAML or the notebooks.
@@ -249,6 +260,16 @@ def _validate_synthetic(p: Profile, need) -> None:
          f"clustering.n_clusters ({p.clustering.n_clusters}) must divide the vocabulary ({s.vocab_size})")
 
 
+def _validate_sampling(s: Sampling, need) -> None:
+    need(bool(s.temperatures) and all(t > 0 for t in s.temperatures),
+         f"sampling.temperatures must be a non-empty list of values > 0 (greedy: decode), got {s.temperatures}")
+    need(0 < s.top_p <= 1, f"sampling.top_p must be in (0, 1], got {s.top_p}")
+    need(bool(s.schedules) and set(s.schedules) <= set(modes.SAMPLING_SCHEDULES),
+         f"sampling.schedules must be a non-empty subset of {list(modes.SAMPLING_SCHEDULES)}, got {s.schedules}")
+    need(bool(s.probes) and set(s.probes) <= {"drawn", "top"},
+         f"sampling.probes must be a non-empty subset of ['drawn', 'top'], got {s.probes}")
+
+
 def _validate(p: Profile, where: str) -> None:
     def need(cond: bool, msg: str):
         if not cond:
@@ -288,6 +309,7 @@ def _validate(p: Profile, where: str) -> None:
     need(p.decode.k_max >= p.decode.k, "decode.k_max must be >= decode.k")
     need(set(p.decode.schedules) <= set(modes.SCHEDULES),
          f"decode.schedules: unknown schedule in {p.decode.schedules}; known: {list(modes.SCHEDULES)}")
+    _validate_sampling(p.sampling, need)
     need(p.bench.head_kernel in ("torch", "triton"), f"bench.head_kernel must be torch or triton, got {p.bench.head_kernel!r}")
     need(set(p.peers.methods) <= set(modes.PEERS),
          f"peers.methods: unknown method in {p.peers.methods}; known: {list(modes.PEERS)}")

@@ -55,3 +55,6 @@ LABELS = {BASELINE: "Baseline", **{name(d, s, k): f"{DRAFTS[d]} draft{SCHEDULES[
 PEERS = {"hf_greedy": "HF generate, greedy (dynamic cache)", "hf_static": "HF generate, greedy (static cache)",
          "hf_assisted": "HF assisted generation (dense draft)", "hf_prompt_lookup": "HF prompt-lookup decoding"}
 ENGINE_BASELINE = "engine_baseline"
+
+# the schedules speculative sampling supports (lib/sampling.py)
+SAMPLING_SCHEDULES = (ORDINARY, DEFERRED)

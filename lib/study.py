@@ -321,14 +321,15 @@ def call_costs(profile: Profile) -> dict:
 
 
 def extra_summary(profile: Profile) -> dict:
-    """Profile-specific additions to summary.json: target-step timings, and the peer and adaptive studies'
-    sections where they ran."""
+    """Profile-specific additions to summary.json: target-step timings, and the peer, adaptive and sampling
+    studies' sections where they ran."""
     from .adaptive_study import summary as adaptive_summary
+    from .sampling_study import summary_section as sampling_summary
     path, peers = profile.out_dir / "target_step.json", profile.out_dir / "peers.json"
     out = {"target_step": json.loads(path.read_text())} if path.exists() else {}
     if peers.exists():                                                        # the raw rows stay in peers.json
         out["peers"] = {k: v for k, v in json.loads(peers.read_text()).items() if k != "rows"}
-    return {**out, **adaptive_summary(profile)}
+    return {**out, **adaptive_summary(profile), **sampling_summary(profile)}
 
 
 def decoded_samples(profile: Profile, records: list[dict], n: int = 3):
@@ -383,4 +384,18 @@ def peer_study(profile: Profile, target_model=None) -> dict:
     from . import peers
     data = peers.run(profile, encoded_prompts(profile), stop_tokens(profile), target_model)
     save_json(profile, "peers.json", data)
+    return data
+
+
+# ---------------------------------------------------------------- speculative sampling (lib/sampling.py)
+
+def sampling_study(profile: Profile, target_model=None) -> dict:
+    """Target-only sampling and speculative sampling with each draft and schedule of the profile, at each of
+    sampling.temperatures (lib/sampling_study.py); saves sampling.json and returns it."""
+    from . import sampling_study as ss
+    ensure_flash_checkpoint(profile)
+    target, drafts = engines.build_engines(profile, target_model=target_model)
+    samples = ss.run(profile, target, drafts, encoded_prompts(profile), stop_tokens(profile))
+    data = ss.result(profile, samples, device_info(profile))
+    save_json(profile, "sampling.json", data)
     return data

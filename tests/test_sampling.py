@@ -1,0 +1,261 @@
+"""Speculative sampling (lib/sampling.py): its tokens are distributed as the target's own sampling.
+
+The exactness tests draw many short generations from fixed seeds (so they are deterministic) and compare
+the joint distribution of the first three emitted tokens with the target's exact probabilities by a
+chi-square goodness-of-fit test; a planted wrong residual shows the same test has the power to fail.
+"""
+import json
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from scipy.stats import chisquare
+
+from lib import sampling, sampling_study, study
+from lib.config import ConfigError, load_profile
+from lib.runs import save_json
+from lib.engines import make_draft, make_target
+from lib.heads import DenseHead, FlashHead
+from lib.speculative import generate_baseline, generate_speculative
+
+from conftest import SPECIAL_IDS, VOCAB
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_LEN = 48
+PROMPTS = [[5, 17, 99, 250, 31], [400, 7, 123]]
+TEMPERATURE = 1.0
+N_SAMPLES = 1000                              # per case: 5-8 s on one core
+MIN_EXPECTED = 5                              # chi-square bins expecting fewer draws are pooled
+
+
+@pytest.fixture(scope="module")
+def engines(pair, draft_clustering):
+    W, cents, assign = draft_clustering
+    heads = {"dense": DenseHead(pair[1].get_output_embeddings().weight),
+             "flash": FlashHead(pair[1].get_output_embeddings().weight, cents, assign, 4, SPECIAL_IDS)}
+    return make_target(pair[0], MAX_LEN), {n: make_draft(pair[1], h, MAX_LEN) for n, h in heads.items()}
+
+
+def exact_probs(target, prefix: list[int], dist) -> torch.Tensor:
+    """The target's sampling distribution after `prefix` (V,)."""
+    return sampling.target_probs(target, torch.tensor([prefix]), 0, dist, graph=False)[-1]
+
+
+def expected_joint(target, prompt: list[int], outcomes, dist) -> dict:
+    """Probability of each observed token sequence (prompt continuations of equal length): p(x0) p(x1|x0) ..."""
+    cache, out = {}, {}
+    for seq in outcomes:
+        prob = 1.0
+        for j, tok in enumerate(seq):
+            key = tuple(seq[:j])
+            if key not in cache:
+                cache[key] = exact_probs(target, prompt + list(key), dist)
+            prob *= float(cache[key][tok])
+        out[seq] = prob
+    return out
+
+
+def gof_pvalue(counts: Counter, probs: dict, n: int) -> float:
+    """Chi-square goodness of fit of observed counts to exact probabilities. Outcomes expecting fewer than
+    MIN_EXPECTED draws, and everything never observed, are pooled into one bin."""
+    kept = sorted((o for o in probs if n * probs[o] >= MIN_EXPECTED), key=lambda o: -probs[o])
+    obs = [counts[o] for o in kept]
+    exp = [n * probs[o] for o in kept]
+    rest_obs, rest_exp = n - sum(obs), n - sum(exp)
+    if rest_exp >= MIN_EXPECTED:
+        obs, exp = obs + [rest_obs], exp + [rest_exp]
+    else:                                                                    # fold a tiny tail into the last bin
+        obs[-1], exp[-1] = obs[-1] + rest_obs, exp[-1] + rest_exp
+    assert len(obs) >= 3, "too few bins for a meaningful test"
+    return float(chisquare(obs, exp).pvalue)
+
+
+def sampled_prefixes(engines, draft: str, schedule: str, prompt: list[int], top_p: float, draw_probes: bool) -> Counter:
+    """The first three emitted tokens of N_SAMPLES speculative generations (K = 2, seeds 0..N-1)."""
+    target, drafts = engines
+    return Counter(tuple(sampling.sample_speculative(target, drafts[draft], prompt, 4, 2, schedule, TEMPERATURE, top_p,
+                                                     seed=s, draw_probes=draw_probes).tokens[:3]) for s in range(N_SAMPLES))
+
+
+def exactness_pvalues(engines, draft: str, schedule: str, prompt: list[int], top_p: float = 1.0,
+                      draw_probes: bool = True) -> list[float]:
+    """p-values of (x0, x1) and (x0, x1, x2) against the target's probabilities. x0 is drawn after the
+    prefill; x1 by d1's acceptance or the residual; x2 by d2's acceptance, the residual, or a later round."""
+    target, dist = engines[0], sampling.Dist(TEMPERATURE, top_p)
+    triples = sampled_prefixes(engines, draft, schedule, prompt, top_p, draw_probes)
+    pairs = Counter()
+    for t, c in triples.items():
+        pairs[t[:2]] += c
+    return [gof_pvalue(counts, expected_joint(target, prompt, counts, dist), N_SAMPLES) for counts in (pairs, triples)]
+
+
+# exactness, and the power to see a wrong residual
+
+@pytest.mark.parametrize("draft,schedule,prompt,top_p,draw_probes", [
+    ("dense", "ordinary", 0, 1.0, True), ("flash", "ordinary", 1, 1.0, True), ("flash", "deferred", 0, 0.95, True),
+    ("flash", "ordinary", 0, 1.0, False)])
+def test_speculative_sampling_is_exact(engines, draft, schedule, prompt, top_p, draw_probes):
+    pvalues = exactness_pvalues(engines, draft, schedule, PROMPTS[prompt], top_p, draw_probes)
+    assert min(pvalues) > 1e-3, pvalues
+
+
+def test_chi_square_rejects_a_wrong_residual(engines, monkeypatch):
+    # Planted bug: after a rejection draw from p instead of max(0, p - q). The first test above passes on
+    # the same draws with the right residual; this one must fail by a wide margin.
+    monkeypatch.setattr(sampling, "residual", lambda p, q: p)
+    pvalues = exactness_pvalues(engines, "flash", "ordinary", PROMPTS[0])
+    assert max(pvalues) < 1e-6, pvalues
+
+
+def test_rounds_really_reject_and_accept(engines):
+    # Otherwise the exactness tests would not exercise both the acceptance and the residual.
+    target, drafts = engines
+    for name, draft in drafts.items():
+        res = [sampling.sample_speculative(target, draft, PROMPTS[0], 16, 3, "ordinary", TEMPERATURE, seed=s)
+               for s in range(10)]
+        accepted, proposed = sum(r.accepted for r in res), sum(r.proposed for r in res)
+        assert 0.2 < accepted / proposed < 0.95, (name, accepted, proposed)
+
+
+# reproducibility and the greedy limit
+
+@pytest.mark.parametrize("schedule", ["ordinary", "deferred"])
+def test_same_seed_same_tokens(engines, schedule):
+    target, drafts = engines
+    for draft in drafts.values():
+        run = lambda seed: sampling.sample_speculative(target, draft, PROMPTS[1], 20, 3, schedule, 1.0, 0.9, seed).tokens
+        assert run(7) == run(7)
+        assert len({tuple(run(s)) for s in range(6)}) > 1                    # and the seed matters
+    base = lambda seed: sampling.sample_baseline(target, PROMPTS[1], 20, 1.0, 0.9, seed).tokens
+    assert base(3) == base(3) and len({tuple(base(s)) for s in range(6)}) > 1
+
+
+def test_first_token_is_the_baselines(engines):
+    # Both draw the first token from p after the prompt with a fresh generator of the same seed.
+    target, drafts = engines
+    for s in range(5):
+        first = sampling.sample_baseline(target, PROMPTS[0], 3, 1.5, seed=s).tokens[0]
+        spec = sampling.sample_speculative(target, drafts["flash"], PROMPTS[0], 3, 2, "deferred", 1.5, seed=s)
+        assert spec.tokens[0] == first
+
+
+@pytest.mark.parametrize("schedule", ["ordinary", "deferred"])
+def test_temperature_to_zero_is_greedy(engines, schedule):
+    target, drafts = engines
+    for prompt in PROMPTS:
+        greedy = generate_baseline(target, prompt, 20).tokens
+        assert sampling.sample_baseline(target, prompt, 20, 0.0).tokens == greedy
+        assert sampling.sample_baseline(target, prompt, 20, 1e-5, seed=1).tokens == greedy
+        for draft in drafts.values():
+            assert generate_speculative(target, draft, prompt, 20, 3, schedule).tokens == greedy
+            assert sampling.sample_speculative(target, draft, prompt, 20, 3, schedule, 0.0).tokens == greedy
+            assert sampling.sample_speculative(target, draft, prompt, 20, 3, schedule, 1e-5, seed=1).tokens == greedy
+
+
+# the pieces
+
+def test_flash_proposal_lives_on_the_drawn_clusters(engines, draft_clustering):
+    _, drafts = engines
+    fs = sampling.sampler_for(drafts["flash"], sampling.Dist(0.7))
+    h = torch.randn(1, fs.head.weight.shape[1], generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    draws = [fs.probes(h, gen) for _ in range(200)]
+    assert all(len(set(d.tolist())) == fs.head.n_probes for d in draws)    # without replacement
+    assert len({tuple(sorted(d.tolist())) for d in draws}) > 1               # and random
+    gen = torch.Generator().manual_seed(5)
+    tok, q = fs(h, gen)
+    probes = fs.probes(h, torch.Generator().manual_seed(5))                  # the same draw again
+    support = set(fs.head.c2t[probes].flatten().tolist()) | set(SPECIAL_IDS)
+    assert set(q.nonzero().flatten().tolist()) == support and int(tok) in support
+    assert abs(float(q.sum()) - 1) < 1e-5
+    top = sampling.FlashSampler(fs.head, fs.dist, draw_probes=False)          # FlashHead's own top-p clusters
+    _, q = top(h, torch.Generator().manual_seed(5))
+    assert set(q.nonzero().flatten().tolist()) == set(fs.head.candidates(h)[0].tolist())
+
+
+def test_nucleus_keeps_the_smallest_top_set():
+    probs = torch.tensor([0.1, 0.5, 0.15, 0.25])
+    assert torch.allclose(sampling.nucleus(probs, 0.7), torch.tensor([0.0, 0.5, 0.0, 0.25]) / 0.75)
+    assert torch.allclose(sampling.nucleus(probs, 0.3), torch.tensor([0.0, 1.0, 0.0, 0.0]))
+    assert torch.allclose(sampling.nucleus(probs, 1.0), probs)
+
+
+def test_residual_is_the_positive_part():
+    p, q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.6, 0.2])
+    assert torch.allclose(sampling.residual(p, q), torch.tensor([0.3, 0.0, 0.0]))
+    assert torch.equal(sampling.residual(p, p), p)
+
+
+@pytest.mark.parametrize("kwargs,message", [(dict(temperature=-1.0), "temperature must be > 0"),
+                                            (dict(top_p=0.0), "top_p must be in"),
+                                            (dict(top_p=1.5), "top_p must be in"),
+                                            (dict(schedule="pipelined"), "supports schedules")])
+def test_bad_requests_are_refused(engines, kwargs, message):
+    target, drafts = engines
+    args = dict(schedule="ordinary", temperature=1.0, top_p=1.0) | kwargs
+    with pytest.raises(ValueError, match=message):
+        sampling.sample_speculative(target, drafts["dense"], PROMPTS[0], 8, 2, **args)
+
+
+# the study and its configuration
+
+def test_profile_sampling_settings_are_validated(tmp_path):
+    smoke = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
+    s = load_profile("smoke").sampling
+    assert (s.temperatures, s.top_p, s.schedules, s.probes) == ([0.5, 1.0], 1.0, ["ordinary", "deferred"], ["drawn", "top"])
+    for bad, message in (({"temperatures": [0.5, 0.0]}, "sampling.temperatures must be a non-empty list"),
+                         ({"temperatures": []}, "sampling.temperatures must be a non-empty list"),
+                         ({"top_p": 1.2}, r"sampling.top_p must be in \(0, 1\]"),
+                         ({"schedules": ["pipelined"]}, "sampling.schedules must be a non-empty subset"),
+                         ({"probes": ["random"]}, "sampling.probes must be a non-empty subset"),
+                         ({"temperatures": ["hot"]}, "expected float")):
+        path = tmp_path / "custom.yaml"
+        path.write_text(yaml.safe_dump({**smoke, "sampling": bad}))
+        with pytest.raises(ConfigError, match=message):
+            load_profile(str(path))
+
+
+def test_sampling_modes():
+    p = load_profile("smoke")
+    p = replace(p, decode=replace(p.decode, modes=["baseline", "dense", "flash"]),
+                sampling=replace(p.sampling, schedules=["deferred"]))
+    order = sampling_study.sampling_modes(p)
+    assert order == [("baseline", None, None), ("dense", "deferred", None), ("flash", "deferred", "drawn"),
+                     ("flash", "deferred", "top")]
+    assert [sampling_study.mode_name(*m) for m in order] == ["baseline", "dense_deferred", "flash_deferred",
+                                                             "flash_deferred_top_probes"]
+
+
+@dataclass
+class FakePrompt:
+    question_id: int
+    group: str
+
+
+def test_study_records_and_summary(engines):
+    target, drafts = engines
+    p = load_profile("smoke")
+    p = replace(p, decode=replace(p.decode, modes=["baseline", "dense", "flash"], max_new_tokens=10, k=3),
+                sampling=replace(p.sampling, temperatures=[0.7, 1.3], top_p=0.9), bench=replace(p.bench, e2e_warmup=1))
+    enc = [(FakePrompt(i, "g"), ids) for i, ids in enumerate(PROMPTS)]
+    samples = sampling_study.run(p, target, drafts, enc, frozenset())
+    assert len(samples) == 2 * len(PROMPTS) * 7                                 # temperatures x prompts x modes
+    for t in (0.7, 1.3):
+        for qid in range(len(PROMPTS)):
+            same = [r for r in samples if r["temperature"] == t and r["question_id"] == qid]
+            assert len({r["seed"] for r in same}) == 1 and len({r["tokens"][0] for r in same}) == 1
+    data = sampling_study.result(p, samples, {})
+    save_json(p, "sampling.json", data)
+    section = study.extra_summary(p)["sampling"]
+    assert "samples" not in section and section["rows"] == json.loads(json.dumps(data["rows"]))
+    for row in data["rows"]:
+        rs = [r for r in samples if r["mode"] == row["mode"] and r["temperature"] == row["temperature"]]
+        assert row["samples"] == 2 and row["accepted"] == sum(r["accepted"] for r in rs)
+        if row["mode"] == "baseline":
+            assert row["acceptance"] is None and row["speedup"] == 1.0
+        else:
+            assert 0 <= row["acceptance"] <= 1 and 1 <= row["mean_emitted"] <= 4
+            assert row["mean_emitted"] == pytest.approx(sum(r["decode_tokens"] for r in rs) / sum(r["rounds"] for r in rs))
