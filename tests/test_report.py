@@ -82,7 +82,8 @@ def fake(mode: str, schedule: str, decode_tokens: int, decode_ms: float, accepte
 def test_record_has_the_study_keys(records):
     keys = {"mode", "draft", "schedule", "question_id", "group", "iteration", "prompt_tokens", "ttft_ms", "decode_ms",
             "decode_tokens", "rounds", "proposed", "accepted", "accepted_lengths", "verify_calls", "append_calls",
-            "skipped", "stopped", "spans_ms", "model_call_ms", "tokens", "exact_match", "k_policy", "block_lengths"}
+            "skipped", "stopped", "spans_ms", "model_call_ms", "tokens", "exact_match", "k_policy", "block_lengths",
+            "choices", "probe_counts"}
     assert all(set(r) == keys for r in records)
     assert {r["mode"] for r in records} == set(MODES)
     assert all(r["exact_match"] for r in records)
