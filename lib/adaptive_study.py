@@ -185,7 +185,7 @@ def adaptive_study(profile: Profile, target_model=None, n_prompts: int | None = 
     study.ensure_flash_checkpoint(profile)
     target, drafts, fh = study_drafts(profile, target_model)
     H, best = trajectory_states(profile, fh)
-    enc = study.encoded_prompts(profile)[:n_prompts]
+    enc = study.side_prompts(profile)[:n_prompts]
     stats = run_drafters(profile, target, drafts, enc, schedule, study.stop_tokens(profile))
     reg = regret(stats, list(drafts["bandit_ucb"].arms))
     rows = study_rows(stats, reg)

@@ -130,6 +130,7 @@ class Prompts:
     per_group: int | None = None
     limit: int | None = None
     chat_template: bool = False       # wrap each prompt as a user turn in the tokenizer's chat template
+    side_studies: int = 0             # peers, sampling and adaptive studies use the first N prompts (0: all)
 
 
 @dataclass(frozen=True)
@@ -315,6 +316,7 @@ def _validate(p: Profile, where: str) -> None:
          f"peers.methods: unknown method in {p.peers.methods}; known: {list(modes.PEERS)}")
     need(p.peers.assistant_schedule in ("constant", "hf_default") and p.peers.prompt_lookup_tokens >= 1,
          "peers: assistant_schedule must be constant or hf_default, prompt_lookup_tokens >= 1")
+    need(p.prompts.side_studies >= 0, f"prompts.side_studies must be >= 0 (0: every prompt), got {p.prompts.side_studies}")
     need(p.clustering.iterations >= 1, "clustering.iterations must be >= 1")
     need(p.bench.iters >= 1 and p.bench.e2e_iters >= 1, "bench.iters and bench.e2e_iters must be >= 1")
     _validate_adaptive(p, need)

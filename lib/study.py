@@ -47,6 +47,11 @@ def encoded_prompts(profile: Profile, tokenizer=None) -> list[tuple[prompt_lib.P
 
 
 @torch.no_grad()
+def side_prompts(profile: Profile) -> list[tuple[prompt_lib.Prompt, list[int]]]:
+    """The prompts of the side studies (peers, sampling, adaptive): the first prompts.side_studies (0: all)."""
+    return encoded_prompts(profile)[:profile.prompts.side_studies or None]
+
+
 def hidden_states(model, seqs: list[list[int]], n_layers: int | None = None, skip: list[int] | None = None):
     """Final normed hidden states (sum of kept positions, d) of the model (its first n_layers: an early-exit
     draft) at every position of each sequence, after its first skip[i] positions."""
@@ -382,7 +387,7 @@ def peer_study(profile: Profile, target_model=None) -> dict:
     """Hugging Face generate() (greedy, static cache, assisted with the dense draft, prompt lookup) beside this
     engine's baseline on the same prompts, device, token budget and stop tokens (lib/peers.py): peers.json."""
     from . import peers
-    data = peers.run(profile, encoded_prompts(profile), stop_tokens(profile), target_model)
+    data = peers.run(profile, side_prompts(profile), stop_tokens(profile), target_model)
     save_json(profile, "peers.json", data)
     return data
 
@@ -395,7 +400,7 @@ def sampling_study(profile: Profile, target_model=None) -> dict:
     from . import sampling_study as ss
     ensure_flash_checkpoint(profile)
     target, drafts = engines.build_engines(profile, target_model=target_model)
-    samples = ss.run(profile, target, drafts, encoded_prompts(profile), stop_tokens(profile))
+    samples = ss.run(profile, target, drafts, side_prompts(profile), stop_tokens(profile))
     data = ss.result(profile, samples, device_info(profile))
     save_json(profile, "sampling.json", data)
     return data
