@@ -3,6 +3,7 @@ resume, Slurm shards, per-sample records, and the profile's JSON result files.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,7 +33,11 @@ def read_json(profile: Profile, name: str) -> dict:
 
 
 def git_commit() -> str:
-    """The checkout's commit, with '+dirty' when tracked files differ from it ('unknown' outside git)."""
+    """The checkout's commit, with '+dirty' when tracked files differ from it ('unknown' outside git).
+    STUDY_COMMIT, where set, names it instead: a copy of the tree whose git metadata is not its own (a remote
+    GPU machine given the working tree) would otherwise report the wrong commit."""
+    if os.environ.get("STUDY_COMMIT"):
+        return os.environ["STUDY_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
@@ -101,15 +106,23 @@ def run_config(profile: Profile, prompt_ids: list[int], device: dict) -> dict:
 
 
 def resumable_run(out_dir: Path, config: dict) -> Path | None:
-    """The latest unfinished run whose profile, devices and prompts equal `config`'s, if any."""
+    """The latest run whose profile, devices and prompts equal `config`'s and that is unfinished, or finished
+    at this very commit (a clean one: its samples are what this code would measure), if any."""
     keys = ("profile", "device", "prompts")
-    same = [p for p in runs_of(out_dir) if not finished(p) and
+    commit = git_commit()
+    clean = commit != "unknown" and not commit.endswith("+dirty")
+    same = [p for p in runs_of(out_dir) if (not finished(p) or clean and run_commit(p) == commit) and
             {k: json.loads((p / "config.json").read_text()).get(k) for k in keys} == {k: config[k] for k in keys}]
     return same[-1] if same else None
 
 
+def run_commit(run: Path) -> str:
+    return json.loads((run / "config.json").read_text()).get("commit", "unknown")
+
+
 def start_or_resume(profile: Profile, config: dict, fresh: bool = False) -> tuple[Path, bool]:
-    """(run directory, resumed?): the latest unfinished run of the same configuration unless fresh."""
+    """(run directory, resumed?): the latest unfinished run of the same configuration (or one finished at
+    this commit) unless fresh."""
     run = None if fresh else resumable_run(profile.out_dir, json.loads(json.dumps(config, default=str)))
     if run is not None:                                                # the run records each time it is resumed
         cfg = json.loads((run / "config.json").read_text())

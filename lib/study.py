@@ -297,12 +297,14 @@ def run_speculative(profile: Profile, launcher: str = "local", target_model=None
     qids = [p.question_id for p, _ in enc]
     run, resumed = runs.start_or_resume(profile, runs.run_config(profile, qids, device_info(profile)), fresh)
     done = len(runs.read_records(run))
-    print(f"{'resuming' if resumed else 'new'} run {run.name}" + (f" ({done} samples already recorded)" if resumed else ""))
+    state = ("reusing finished" if runs.finished(run) else "resuming") if resumed else "new"
+    print(f"{state} run {run.name}" + (f" ({done} samples already recorded)" if resumed else ""))
     if launcher == "local":
         run_shard(profile, run, (0, 1), target_model)
     else:
         runs.launch_slurm(profile, run, qids, run_shard, {"slurm": "slurm", "submitit-local": "local"}[launcher])
-    runs.finish_run(run)
+    if not runs.finished(run):
+        runs.finish_run(run)
     return run
 
 

@@ -95,3 +95,15 @@ def test_fresh_starts_a_new_run_and_other_configurations_do_not_resume(profile):
     other = replace(profile, decode=replace(profile.decode, max_new_tokens=5))
     assert study.run_speculative(other) not in (run,)
     assert not runs.finished(run)                                             # left as it was
+
+
+def test_a_run_finished_at_this_clean_commit_is_reused_not_measured_again(profile, monkeypatch, capsys):
+    monkeypatch.setenv("STUDY_COMMIT", "abc123")
+    run = study.run_speculative(profile)
+    samples, done = runs.read_records(run), (run / "DONE").read_text()
+    assert study.run_speculative(profile) == run and f"reusing finished run {run.name}" in capsys.readouterr().out
+    assert runs.read_records(run) == samples and (run / "DONE").read_text() == done
+    monkeypatch.setenv("STUDY_COMMIT", "abc123+dirty")                        # uncommitted code: measured anew
+    assert study.run_speculative(profile) != run
+    monkeypatch.setenv("STUDY_COMMIT", "def456")                              # another commit: measured anew
+    assert study.run_speculative(profile) not in runs.runs_of(profile.out_dir)[:2]
