@@ -40,8 +40,8 @@ def git_commit() -> str:
         return os.environ["STUDY_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!outputs"],
+                               cwd=ROOT, capture_output=True, text=True, check=True)     # results do not count
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
@@ -105,14 +105,25 @@ def run_config(profile: Profile, prompt_ids: list[int], device: dict) -> dict:
     return {"profile": as_dict(profile), "device": device, "prompts": prompt_ids}
 
 
+def config_differences(saved: dict, config: dict) -> list[str]:
+    """What differs between a run's saved configuration and `config` among what the end-to-end samples depend
+    on: the profile (less the side studies' settings), the devices and the prompts."""
+    def e2e_part(c: dict) -> dict:
+        c = json.loads(json.dumps(c, default=str))
+        side = {k: v for k, v in c["profile"].items() if k not in ("peers", "sampling")}
+        side["prompts"] = {k: v for k, v in side.get("prompts", {}).items() if k != "side_studies"}
+        return {**c, "profile": side}
+    a, b = e2e_part(saved), e2e_part(config)
+    return [k for k in ("profile", "device", "prompts") if a.get(k) != b.get(k)]
+
+
 def resumable_run(out_dir: Path, config: dict) -> Path | None:
-    """The latest run whose profile, devices and prompts equal `config`'s and that is unfinished, or finished
-    at this very commit (a clean one: its samples are what this code would measure), if any."""
-    keys = ("profile", "device", "prompts")
+    """The latest run of the same configuration that is unfinished, or finished at this very commit (a clean
+    one: its samples are what this code would measure), if any."""
     commit = git_commit()
     clean = commit != "unknown" and not commit.endswith("+dirty")
     same = [p for p in runs_of(out_dir) if (not finished(p) or clean and run_commit(p) == commit) and
-            {k: json.loads((p / "config.json").read_text()).get(k) for k in keys} == {k: config[k] for k in keys}]
+            not config_differences(json.loads((p / "config.json").read_text()), config)]
     return same[-1] if same else None
 
 

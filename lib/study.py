@@ -287,14 +287,18 @@ def stop_tokens(profile: Profile, tokenizer=None) -> frozenset:
     return frozenset(ids if isinstance(ids, list) else [ids]) - {None}
 
 
-def run_speculative(profile: Profile, launcher: str = "local", target_model=None, fresh: bool = False) -> Path:
+def run_speculative(profile: Profile, launcher: str = "local", target_model=None, fresh: bool = False,
+                    reuse: str = "") -> Path:
     """Notebook 03's sample set (prompts x iterations x modes), raw JSONL beside the configuration, here
     (local) or sharded by prompt over a Slurm array (slurm; submitit-local runs the shards as local
-    processes). Resumes the latest unfinished run of the same configuration unless fresh; finishes it."""
+    processes). Resumes the latest unfinished run of the same configuration unless fresh; finishes it.
+    reuse: the name of a finished run of the same configuration to take as it is (nothing is measured)."""
     if launcher not in ("local", "slurm", "submitit-local"):
         raise ValueError(f"unknown launcher {launcher!r}: use local, slurm or submitit-local")
     enc = encoded_prompts(profile)
     qids = [p.question_id for p, _ in enc]
+    if reuse:
+        return reused_run(profile, reuse, runs.run_config(profile, qids, device_info(profile)))
     run, resumed = runs.start_or_resume(profile, runs.run_config(profile, qids, device_info(profile)), fresh)
     done = len(runs.read_records(run))
     state = ("reusing finished" if runs.finished(run) else "resuming") if resumed else "new"
@@ -305,6 +309,19 @@ def run_speculative(profile: Profile, launcher: str = "local", target_model=None
         runs.launch_slurm(profile, run, qids, run_shard, {"slurm": "slurm", "submitit-local": "local"}[launcher])
     if not runs.finished(run):
         runs.finish_run(run)
+    return run
+
+
+def reused_run(profile: Profile, name: str, config: dict) -> Path:
+    """A finished run named by the user, checked to be of this configuration (profile, devices, prompts)."""
+    run = profile.out_dir / "runs" / name
+    if not runs.finished(run):
+        raise ValueError(f"reuse={name!r}: no finished run of that name in {profile.out_dir / 'runs'}")
+    saved = json.loads((run / "config.json").read_text())
+    differ = runs.config_differences(saved, config)
+    if differ:
+        raise ValueError(f"reuse={name!r}: that run's {', '.join(differ)} differ from this configuration's")
+    print(f"reusing finished run {name} (measured at commit {saved.get('commit', 'unknown')}; nothing is measured now)")
     return run
 
 

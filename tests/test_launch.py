@@ -107,3 +107,22 @@ def test_a_run_finished_at_this_clean_commit_is_reused_not_measured_again(profil
     assert study.run_speculative(profile) != run
     monkeypatch.setenv("STUDY_COMMIT", "def456")                              # another commit: measured anew
     assert study.run_speculative(profile) not in runs.runs_of(profile.out_dir)[:2]
+
+
+def test_a_named_finished_run_is_reused_and_a_wrong_name_or_configuration_refused(profile, capsys):
+    run = study.run_speculative(profile)
+    samples = runs.read_records(run)
+    assert study.run_speculative(profile, reuse=run.name) == run and runs.read_records(run) == samples
+    assert f"reusing finished run {run.name}" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="no finished run"):
+        study.run_speculative(profile, reuse="e2e-nonexistent")
+    other = replace(profile, decode=replace(profile.decode, max_new_tokens=5))
+    with pytest.raises(ValueError, match="profile differ"):
+        study.run_speculative(other, reuse=run.name)
+
+
+def test_side_study_settings_do_not_change_the_e2e_configuration(profile):
+    run = study.run_speculative(profile)
+    side = replace(profile, prompts=replace(profile.prompts, side_studies=1),
+                   sampling=replace(profile.sampling, temperatures=[0.7]))
+    assert study.run_speculative(side, reuse=run.name) == run
