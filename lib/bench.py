@@ -156,3 +156,18 @@ def kernel_breakdown(fn, iters: int, device) -> list[dict]:
     rows = [{"kernel": e.key[:120], "kind": kernel_kind(e.key), "launches": e.count / iters, "us": us(e) / iters}
             for e in events if us(e) > 0 and (cuda or e.key.startswith("aten::"))]
     return sorted(rows, key=lambda r: -r["us"])
+
+
+def breakdown(fn, dev, iters: int = 20) -> dict:
+    """kernel_breakdown of fn on `dev`, grouped by kind (group_kernels), with the device named."""
+    return {"device": device_name(dev), **group_kernels(kernel_breakdown(fn, iters, dev))}
+
+
+def group_kernels(rows: list[dict]) -> dict:
+    """Totals of a kernel breakdown, and microseconds per kind (kinds as lib.bench.kernel_kind names them)."""
+    by_kind = {}
+    for r in rows:
+        r["kind"] = kernel_kind(r["kernel"])
+        by_kind[r["kind"]] = by_kind.get(r["kind"], 0.0) + r["us"]
+    return {"total_us": sum(by_kind.values()), "launches": sum(r["launches"] for r in rows), "by_kind_us": by_kind,
+            "kernels": rows}

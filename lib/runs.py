@@ -32,6 +32,14 @@ def read_json(profile: Profile, name: str) -> dict:
     return json.loads(path.read_text())
 
 
+def update_json(profile: Profile, name: str, data: dict) -> dict:
+    """Merge `data` into the profile's JSON file `name` (several notebooks add their parts)."""
+    path = profile.out_dir / name
+    merged = {**(json.loads(path.read_text()) if path.exists() else {}), **data}
+    save_json(profile, name, merged)
+    return merged
+
+
 def git_commit() -> str:
     """The checkout's commit, with '+dirty' when tracked files differ from it ('unknown' outside git).
     STUDY_COMMIT, where set, names it instead: a copy of the tree whose git metadata is not its own (a remote

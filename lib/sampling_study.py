@@ -19,7 +19,7 @@ def sampling_modes(profile: Profile) -> list[tuple[str, str | None, str | None]]
     s = profile.sampling
     out = [(modes.BASELINE, None, None)]
     for draft, schedule, _ in modes.run_order(profile.decode.modes, s.schedules):
-        if draft != modes.BASELINE:
+        if draft != modes.BASELINE and draft not in modes.ADAPTIVE_DRAFTS:              # those are greedy-only
             out += [(draft, schedule, p) for p in s.probes] if draft in FLASH_DRAFTS else [(draft, schedule, None)]
     return out
 
@@ -97,4 +97,13 @@ def result(profile: Profile, samples: list[dict], device: dict) -> dict:
 def summary_section(profile: Profile) -> dict:
     """summary.json's `sampling` section (sampling.json without its per-sample records), if the study ran."""
     path = profile.out_dir / "sampling.json"
-    return {"sampling": {k: v for k, v in json.loads(path.read_text()).items() if k != "samples"}} if path.exists() else {}
+    if not path.exists():
+        return {}
+    data = {k: v for k, v in json.loads(path.read_text()).items() if k != "samples"}
+    return {"sampling": {**data, "rows": sampled_rows(data)}}
+
+
+def sampled_rows(data: dict) -> list[dict]:
+    """The study's rows, less those of adaptive drafts: they are greedy-only, and runs made before they were
+    left out sampled them with their base FlashHead, which is the flash rows again under another name."""
+    return [r for r in data["rows"] if r.get("draft") not in modes.ADAPTIVE_DRAFTS]

@@ -14,7 +14,7 @@ from . import (bench, checkpoints, clustering as cl, engines, exit_depth, flash_
 from .config import Profile, load_profile
 from .heads import DenseHead, GraphedHead
 from .runner import Runner
-from .runs import read_json, save_json  # noqa: F401 - notebook steps
+from .runs import read_json, save_json, update_json  # noqa: F401 - notebook steps
 
 
 def setup(profile_name: str, analysis_only: bool = False) -> Profile:
@@ -190,32 +190,10 @@ def draft_step_breakdown(profile: Profile) -> dict:
     out = {}
     for name, d in drafts.items():
         d.runner.prefill(torch.tensor([prompt], device=dev))
-        out[f"draft_{name}"] = breakdown(lambda d=d: d.head(d.runner.forward(x, pos)[:, -1]), dev)
+        out[f"draft_{name}"] = bench.breakdown(lambda d=d: d.head(d.runner.forward(x, pos)[:, -1]), dev)
     return update_json(profile, "step_breakdown.json", out)
 
 
-
-
-def breakdown(fn, dev, iters: int = 20) -> dict:
-    return {"device": bench.device_name(dev), **group_kernels(bench.kernel_breakdown(fn, iters, dev))}
-
-
-def group_kernels(rows: list[dict]) -> dict:
-    """Totals of a kernel breakdown, and microseconds per kind (kinds as lib.bench.kernel_kind names them)."""
-    by_kind = {}
-    for r in rows:
-        r["kind"] = bench.kernel_kind(r["kernel"])
-        by_kind[r["kind"]] = by_kind.get(r["kind"], 0.0) + r["us"]
-    return {"total_us": sum(by_kind.values()), "launches": sum(r["launches"] for r in rows), "by_kind_us": by_kind,
-            "kernels": rows}
-
-
-def update_json(profile: Profile, name: str, data: dict) -> dict:
-    """Merge `data` into the profile's JSON file `name` (several notebooks add their parts)."""
-    path = profile.out_dir / name
-    merged = {**(json.loads(path.read_text()) if path.exists() else {}), **data}
-    save_json(profile, name, merged)
-    return merged
 
 
 def probe_point(head, h: torch.Tensor, b, dev) -> dict:
@@ -267,7 +245,7 @@ def target_step_bench(profile: Profile, target_model=None) -> dict:
     save_json(profile, "target_step.json", result)
     if dev.type == "cuda":                                                   # where a single-token step goes
         x = torch.tensor([prompt[-1:]], device=dev)
-        update_json(profile, "step_breakdown.json", {"target": breakdown(lambda: runner.greedy(x, pos), dev)})
+        update_json(profile, "step_breakdown.json", {"target": bench.breakdown(lambda: runner.greedy(x, pos), dev)})
     return result
 
 

@@ -259,3 +259,14 @@ def test_study_records_and_summary(engines):
         else:
             assert 0 <= row["acceptance"] <= 1 and 1 <= row["mean_emitted"] <= 4
             assert row["mean_emitted"] == pytest.approx(sum(r["decode_tokens"] for r in rs) / sum(r["rounds"] for r in rs))
+
+
+def test_adaptive_drafts_are_greedy_only_and_left_out_of_the_sampling_study():
+    from lib import modes
+    from lib.config import load_profile
+    from lib.sampling_study import sampled_rows, sampling_modes
+    p = load_profile("smoke")
+    assert set(modes.ADAPTIVE_DRAFTS) & set(p.decode.modes)                    # smoke runs some
+    assert not {d for d, _, _ in sampling_modes(p)} & set(modes.ADAPTIVE_DRAFTS)
+    rows = [{"draft": "flash"}, {"draft": "bandit_ucb"}, {"draft": "baseline"}]
+    assert sampled_rows({"rows": rows}) == [{"draft": "flash"}, {"draft": "baseline"}]
