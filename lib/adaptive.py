@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 import torch
 
 from .heads import FlashHead
-from .modes import ADAPTIVE_DRAFTS  # noqa: F401 - the drafts built here
 from .speculative import Draft, Result, generate_speculative
 
 

@@ -154,22 +154,9 @@ def sample_baseline(target: Target, prompt: list[int], max_new: int, temperature
     if temperature == 0:
         return generate_baseline(target, prompt, max_new, stop)
     dist, rng = Dist(temperature, top_p), Rng(seed)
-    check_args(target, prompt, max_new)
-    clock = target.runner.clock
-    t0 = time.perf_counter()
-    tok = first_token(target, prompt, dist, rng)
-    out, pos, gen = [tok], len(prompt), rng(target.runner.device)
-    t1 = time.perf_counter()
-    clock.reset()
-    with clock.span("decode"):
-        while len(out) < max_new and not (stop and out[-1].item() in stop):
-            tok = draw(target_probs(target, tok.view(1, 1), pos, dist)[0], gen)
-            out.append(tok)
-            pos += 1
-    tokens = torch.cat(out).tolist()
-    t2 = time.perf_counter()
-    return Result(tokens, 1000 * (t1 - t0), 1000 * (t2 - t1), append_calls=len(tokens) - 1,
-                  spans_ms=clock.totals(), stopped=bool(stop) and tokens[-1] in stop)
+    gen = rng(target.runner.device)
+    return generate_baseline(target, prompt, max_new, stop, first=lambda: first_token(target, prompt, dist, rng),
+                             step=lambda tok, pos: draw(target_probs(target, tok.view(1, 1), pos, dist)[0], gen))
 
 
 def propose(draft: Draft, sampler, s: Sequence, kk: int, rng: Rng) -> tuple[torch.Tensor, torch.Tensor]:

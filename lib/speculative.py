@@ -104,19 +104,24 @@ def prefill(target: Target, prompt: list[int]) -> torch.Tensor:
     return target.runner.prefill(ids)[-1:]
 
 
-def generate_baseline(target: Target, prompt: list[int], max_new: int, stop: frozenset = frozenset()) -> Result:
-    """Target-only greedy decoding: prefill, then one single-token append per token, until max_new
-    tokens or a stop token (inclusive). Reads each token on the host only when there are stop tokens."""
+def generate_baseline(target: Target, prompt: list[int], max_new: int, stop: frozenset = frozenset(),
+                      first=None, step=None) -> Result:
+    """Target-only decoding: prefill, then one single-token append per token, until max_new tokens or a
+    stop token (inclusive). Greedy unless first() (the prefill's token) and step(tok, pos) (the token after
+    tok fed at pos) say otherwise (lib/sampling.py draws them). Reads each token on the host only when
+    there are stop tokens."""
     check_args(target, prompt, max_new)
+    first = first or (lambda: prefill(target, prompt))
+    step = step or (lambda tok, pos: target.greedy(tok.view(1, 1), pos))
     clock = target.runner.clock
     t0 = time.perf_counter()
-    tok = prefill(target, prompt)
+    tok = first()
     out, pos = [tok], len(prompt)
     t1 = time.perf_counter()
     clock.reset()                                                            # the prefill is TTFT, not decode
     with clock.span("decode"):
         while len(out) < max_new and not (stop and out[-1].item() in stop):
-            tok = target.greedy(tok.view(1, 1), pos)
+            tok = step(tok, pos)
             out.append(tok)
             pos += 1
     tokens = torch.cat(out).tolist()

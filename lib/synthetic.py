@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -41,7 +40,7 @@ def family_embeddings(syn: Synthetic, g: torch.Generator) -> tuple[torch.Tensor,
     """Unit token embeddings around family directions. Returns (E (V,d), basis (d,d), family (V,))."""
     d, V, F = syn.draft.hidden_size, syn.vocab_size, syn.n_families
     basis, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))   # columns orthonormal
-    u0, mu, rest = basis[:, 0], basis[:, 1:F + 1], basis[:, F + 1:]
+    u0, mu = basis[:, 0], basis[:, 1:F + 1]
     family = torch.randperm(V, generator=g) % F                                         # (V,)
     eps = torch.randn(V, d, generator=g, dtype=torch.float64)
     eps = eps - (eps @ mu) @ mu.T - (eps @ u0)[:, None] * u0                            # private part, off the family span

@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lib import checkpoints, flash_checkpoint
+from lib import flash_checkpoint
 from lib.checkpoints import load_model
 from lib.flash_checkpoint import read_flash_checkpoint, save_flash_checkpoint
 from lib.runner import Runner

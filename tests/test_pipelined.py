@@ -1,7 +1,6 @@
 """The pipelined ordinary schedule (thesis 3.6.1) emits the same tokens with the same counters as
 the serial ordinary schedule: only the timing of the target append changes."""
 import pytest
-import torch
 
 from lib import heads, speculative as sp
 from lib.engines import make_draft, make_target

@@ -128,7 +128,7 @@ def test_missing_file_says_where_to_get_it(tmp_path):
 def test_malformed_line_names_file_and_line(tmp_path, bad):
     good = json.dumps({"question_id": 1, "category": "qa", "turns": ["What is two plus two?"]})
     path = write_lines(tmp_path / "q.jsonl", [good, bad])
-    with pytest.raises(ValueError, match=rf"q\.jsonl:2:"):
+    with pytest.raises(ValueError, match=r"q\.jsonl:2:"):
         load_questions(path)
 
 

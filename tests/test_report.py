@@ -8,14 +8,13 @@ import torch
 
 import lib.bench
 import lib.speculative
-from lib import costmodel, modes, report, runs, study
+from lib import modes, report, runs
 from lib.heads import DenseHead, FlashHead
 from lib.engines import make_draft, make_target
-from lib.runner import Runner
 from lib.prompts import Prompt
-from lib.speculative import Draft, Target, generate_baseline, generate_speculative
+from lib.speculative import generate_baseline, generate_speculative
 
-from conftest import DRAFT_D, N_CLUSTERS, SPECIAL_IDS, VOCAB
+from conftest import SPECIAL_IDS, VOCAB
 
 THESIS_DRAFTS = ("dense", "flash", "dense_shared")
 MODES = [m for m in modes.LABELS if m in {modes.BASELINE} | {modes.name(d, s) for d in THESIS_DRAFTS for s in modes.SCHEDULES}]

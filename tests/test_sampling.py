@@ -21,7 +21,7 @@ from lib.engines import make_draft, make_target
 from lib.heads import DenseHead, FlashHead
 from lib.speculative import generate_baseline, generate_speculative
 
-from conftest import SPECIAL_IDS, VOCAB
+from conftest import SPECIAL_IDS
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_LEN = 48

@@ -20,7 +20,7 @@ from lib.heads import DenseHead, FlashHead
 from lib.flash_checkpoint import read_flash_checkpoint
 from lib.engines import make_draft, make_target
 from lib.runner import Runner
-from lib.speculative import Draft, Target, generate_baseline, generate_speculative
+from lib.speculative import generate_baseline, generate_speculative
 
 import fixtures_thesis as fx
 
@@ -283,7 +283,6 @@ def test_speculative_with_awq_target_and_flash_draft_equals_baseline(loaded, dra
     n = len(prompt) + max_new + k + 8
     target = make_target(loaded["target"], n)
     flash, head = drafts["flash"], drafts["head"]
-    W = flash.get_output_embeddings().weight
     draft = make_draft(flash, head, n)
     base = generate_baseline(target, prompt, max_new)
     spec = generate_speculative(target, draft, prompt, max_new, k, schedule)
@@ -294,7 +293,7 @@ def test_speculative_with_awq_target_and_flash_draft_equals_baseline(loaded, dra
 def test_notebook01_compares_with_the_shipped_clustering(profile, monkeypatch, tmp_path):
     """Notebook 01 on a pretrained profile: re-cluster the draft's embeddings and compare with the
     checkpoint's own clustering (objectives, ARI/NMI agreement, containment of each)."""
-    from lib import config, study
+    from lib import study
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("STUDY_OUTPUTS", str(tmp_path / "outputs"))        # outputs/ under tmp_path
     p = replace(profile, prompts=replace(profile.prompts, file="builtin", per_group=1),
