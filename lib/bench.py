@@ -140,8 +140,8 @@ def kernel_kind(name: str) -> str:
 
 def kernel_breakdown(fn, iters: int, device) -> list[dict]:
     """Where one call of fn spends its time, from the torch profiler over `iters` calls after warm-up:
-    per kernel (CUDA; CUDA-graph replays included) or per top-level op (CPU), its kind, launches and
-    microseconds per call, largest first."""
+    per kernel (CUDA; CUDA-graph replays included) or per top-level op (CPU), its launches and microseconds
+    per call, largest first (group_kernels adds each one's kind)."""
     from torch.profiler import ProfilerActivity, profile
     cuda = torch.device(device).type == "cuda"
     for _ in range(3):
@@ -153,7 +153,7 @@ def kernel_breakdown(fn, iters: int, device) -> list[dict]:
         sync(device)
     events = prof.key_averages()
     us = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
-    rows = [{"kernel": e.key[:120], "kind": kernel_kind(e.key), "launches": e.count / iters, "us": us(e) / iters}
+    rows = [{"kernel": e.key[:120], "launches": e.count / iters, "us": us(e) / iters}
             for e in events if us(e) > 0 and (cuda or e.key.startswith("aten::"))]
     return sorted(rows, key=lambda r: -r["us"])
 

@@ -46,12 +46,12 @@ def encoded_prompts(profile: Profile, tokenizer=None) -> list[tuple[prompt_lib.P
     return list(zip(ps, ids))
 
 
-@torch.no_grad()
 def side_prompts(profile: Profile) -> list[tuple[prompt_lib.Prompt, list[int]]]:
     """The prompts of the side studies (peers, sampling, adaptive): the first prompts.side_studies (0: all)."""
     return encoded_prompts(profile)[:profile.prompts.side_studies or None]
 
 
+@torch.no_grad()
 def hidden_states(model, seqs: list[list[int]], n_layers: int | None = None, skip: list[int] | None = None):
     """Final normed hidden states (sum of kept positions, d) of the model (its first n_layers: an early-exit
     draft) at every position of each sequence, after its first skip[i] positions."""

@@ -87,24 +87,26 @@ def test_bad_adaptive_settings_are_refused(flash, kw, match):
 
 # the bandit
 
-def test_ucb1_tries_every_arm_once_then_settles_on_the_best():
-    rng, means = random.Random(0), {"a": 1.0, "b": 2.0, "c": 1.5}
-    b, picks = UCB1(list(means), c=0.5), []
-    for _ in range(400):
-        arm = b.choose()
+def bandit_picks(bandit, means: dict, seed: int, rounds: int = 400) -> list[str]:
+    """The arms `bandit` picks over `rounds`, each rewarded with its mean plus Gaussian noise."""
+    rng, picks = random.Random(seed), []
+    for _ in range(rounds):
+        arm = bandit.choose()
         picks.append(arm)
-        b.update(arm, means[arm] + rng.gauss(0, 0.3))
+        bandit.update(arm, means[arm] + rng.gauss(0, 0.3))
+    return picks
+
+
+def test_ucb1_tries_every_arm_once_then_settles_on_the_best():
+    means = {"a": 1.0, "b": 2.0, "c": 1.5}
+    picks = bandit_picks(UCB1(list(means), c=0.5), means, seed=0)
     assert sorted(picks[:3]) == ["a", "b", "c"]
     assert picks[-100:].count("b") > 90
 
 
 def test_thompson_settles_on_the_best():
-    rng, means = random.Random(1), {"a": 1.0, "b": 1.2, "c": 2.0}
-    b, picks = Thompson(list(means), seed=3), []
-    for _ in range(400):
-        arm = b.choose()
-        picks.append(arm)
-        b.update(arm, means[arm] + rng.gauss(0, 0.3))
+    means = {"a": 1.0, "b": 1.2, "c": 2.0}
+    picks = bandit_picks(Thompson(list(means), seed=3), means, seed=1)
     assert sorted(picks[:3]) == ["a", "b", "c"] and picks[-100:].count("c") > 90
 
 
