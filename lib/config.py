@@ -142,7 +142,7 @@ class Bench:
     cuda_graphs: bool = True          # capture decode/verify/head calls in CUDA graphs (GPU only)
     compile_draft: bool = False       # fuse the draft body's small ops with torch.compile (GPU only)
     compile_target: bool = False      # the same for the target (one compile per verify length)
-    head_kernel: str = "torch"        # both heads on CUDA: "torch" ops or the "triton" kernels (lib/kernels.py)
+    head_kernel: str = "triton"       # both heads on CUDA: the "triton" kernels (lib/kernels.py) or "torch" ops; CPUs: torch
     verify_lengths: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8])
 
 

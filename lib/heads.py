@@ -1,6 +1,8 @@
 """Greedy LM heads: the dense head and FlashHead (cluster-first retrieval), both token-on-device."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .bench import NO_CLOCK
@@ -96,15 +98,17 @@ class FlashHead:
 
 
 def fused_kernel(head: FlashHead):
-    """The Triton path for one hidden state, if Triton is present and it agrees with the torch path
-    on test inputs; otherwise None (the torch path is used)."""
+    """The Triton path for one hidden state, if Triton is present and it agrees with the fp32 selection
+    (exact_fp32) on test inputs; otherwise None, with a warning (the torch path is used)."""
     try:
         from .kernels import flash_greedy_triton
     except ImportError:
+        warnings.warn("FlashHead: Triton is not importable; the torch path runs")
         return None
     c, b = head.c2t.shape
     p = head.n_probes
     if head.special.numel() > b:                                               # one row holds the special tokens
+        warnings.warn(f"FlashHead: {head.special.numel()} special tokens do not fit one cluster row ({b}); the torch path runs")
         return None
     special = head.special.repeat(b)[:b] if head.special.numel() else head.c2t[0]
     c2t_ext = torch.cat([head.c2t, special[None]]).contiguous()                 # row c: the special tokens
@@ -113,10 +117,25 @@ def fused_kernel(head: FlashHead):
     g = torch.Generator(device=W.device).manual_seed(0)
     probe = W[torch.randint(0, W.shape[0], (8,), device=W.device, generator=g)]   # embedding-like queries
     try:
-        agree = all(fn(x[None]).item() == head.reference(x[None]).item() for x in probe)
-    except Exception:                                                           # noqa: BLE001 - fall back to torch
+        agree = all(fn(x[None]).item() == exact_fp32(head, x[None]).item() for x in probe)
+    except Exception as e:                                                      # noqa: BLE001 - fall back to torch
+        warnings.warn(f"FlashHead: the Triton path failed ({type(e).__name__}: {e}); the torch path runs")
         return None
+    if not agree:
+        warnings.warn("FlashHead: the Triton path disagreed with the fp32 selection; the torch path runs")
     return fn if agree else None
+
+
+def exact_fp32(head: FlashHead, h: torch.Tensor) -> torch.Tensor:
+    """FlashHead's selection on fp32 scores and logits, as the Triton kernels make it (the torch path rounds
+    both to the weights' dtype, so in bf16 it may break near-ties differently)."""
+    h = h.float()
+    scores = h @ head.centroids.float().T                                      # (n,c)
+    probes = scores.topk(head.n_probes, dim=-1).indices
+    cand = torch.cat([head.c2t[probes].flatten(1), head.special.expand(h.shape[0], -1)], dim=1)
+    cand = cand.sort(dim=1).values                                               # argmax ties: the smallest id
+    logits = torch.einsum("nmd,nd->nm", head.weight[cand].float(), h)
+    return cand.gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
 
 
 class GraphedHead:
