@@ -9,7 +9,7 @@ from collections import Counter
 import torch
 
 from . import adaptive, checkpoints, engines, modes, runs, study
-from .blocks import FixedK
+from .blocks import FixedK, make_policy
 from .config import Profile
 from .heads import GraphedHead
 from .speculative import Draft, generate_baseline
@@ -72,21 +72,41 @@ def study_drafts(profile: Profile, target_model=None):
     return target, {**out, "bandit_ucb": drafts["bandit_ucb"], "bandit_thompson": drafts["bandit_thompson"]}, fh
 
 
-def run_drafters(profile: Profile, target, drafts: dict, enc: list, schedule: str, stop: frozenset) -> dict:
-    """Every drafter on every prompt (fixed K; the order rotates per prompt; the bandits keep learning across
-    prompts), after one warm-up pass of the fixed drafters. Sums per drafter, checked against greedy output."""
+def k_policy_drafters(profile: Profile, drafts: dict, fh, schedule: str) -> dict:
+    """The profile's adaptive block-length policies on the dense head and on FlashHead at its own probe count:
+    {name: (drafter it runs, policy factory)}, named '<drafter>_k<policy>'."""
+    d = profile.decode
+    costs = study.call_costs(profile) if modes.COST in d.k_policies else {}
+    out = {}
+    for policy in [p for p in d.k_policies if p != modes.FIXED]:
+        for drafter, mode in ((f"flash_p{fh.n_probes}", "flash"), ("dense", engines.shared_dense(profile))):
+            out[f"{drafter}_k{policy}"] = (drafter, lambda policy=policy, mode=mode: make_policy(
+                policy, d.k, d.k_max, schedule, costs.get(mode)))
+    return out
+
+
+def run_drafters(profile: Profile, target, drafts: dict, enc: list, schedule: str, stop: frozenset,
+                 k_policies: dict | None = None) -> dict:
+    """Every drafter on every prompt (fixed K, or the block policy of a `k_policies` entry: name -> (drafter,
+    policy factory); the order rotates per prompt; the bandits keep learning across prompts), after one warm-up
+    pass of the fixed drafters. Sums per drafter, checked against greedy output."""
     k, n = profile.decode.k, profile.decode.max_new_tokens
     for name, d in drafts.items():
         if not name.startswith("bandit"):
             adaptive.generate(target, d, enc[0][1], n, FixedK(k), schedule, stop)
-    names, sums = list(drafts), {name: Counter() for name in drafts}
-    choices, probes = {name: Counter() for name in drafts}, {name: Counter() for name in drafts}
+    runs_of = {name: (d, lambda: FixedK(k)) for name, d in drafts.items()}
+    runs_of.update({name: (drafts[drafter], policy) for name, (drafter, policy) in (k_policies or {}).items()})
+    names, sums = list(runs_of), {name: Counter() for name in runs_of}
+    choices, probes = {name: Counter() for name in names}, {name: Counter() for name in names}
     for i, (_, ids) in enumerate(enc):
         greedy = generate_baseline(target, ids, n, stop).tokens
         for name in names[i % len(names):] + names[:i % len(names)]:
-            res = adaptive.generate(target, drafts[name], ids, n, FixedK(k), schedule, stop)
-            sums[name].update(tokens=res.decode_tokens, ms=res.decode_ms, proposed=res.proposed,
-                              accepted=res.accepted, rounds=res.rounds, exact=res.tokens == greedy, samples=1)
+            draft, policy = runs_of[name]
+            res = adaptive.generate(target, draft, ids, n, policy(), schedule, stop)
+            blocks = [b for b in res.block_lengths if b > 0]
+            sums[name].update(tokens=res.decode_tokens, ms=res.decode_ms, proposed=res.proposed, k_sum=sum(blocks),
+                              blocks=len(blocks), accepted=res.accepted, rounds=res.rounds, exact=res.tokens == greedy,
+                              samples=1)
             choices[name].update(res.choices)
             probes[name].update(dict(enumerate(res.probe_counts)))
     return {name: drafter_stats(sums[name], choices[name], probes[name]) for name in names}
@@ -95,7 +115,8 @@ def run_drafters(profile: Profile, target, drafts: dict, enc: list, schedule: st
 def drafter_stats(s: Counter, choices: Counter, probes: Counter) -> dict:
     out = {"decode_tok_s": 1000 * s["tokens"] / s["ms"], "acceptance": s["accepted"] / max(s["proposed"], 1),
            "mean_emitted": s["tokens"] / max(s["rounds"], 1), "exact_match": s["exact"] / s["samples"],
-           "decode_tokens": s["tokens"], "decode_ms": s["ms"], "rounds": s["rounds"]}
+           "decode_tokens": s["tokens"], "decode_ms": s["ms"], "rounds": s["rounds"],
+           "mean_k": s["k_sum"] / max(s["blocks"], 1)}
     if choices:
         out["choice_freq"] = {a: c / sum(choices.values()) for a, c in sorted(choices.items())}
     if probes:
@@ -124,8 +145,9 @@ def policy_row(policy: str, source: str, s: dict, fixed_name: str, f: dict, extr
             "best_fixed_acceptance": f["acceptance"], "tok_s_vs_best_fixed": s["decode_tok_s"] / f["decode_tok_s"]}
 
 
-def study_rows(stats: dict, reg: dict) -> list[dict]:
-    """Adaptive probes (each threshold) against the best fixed probe count; each bandit against its best arm."""
+def study_rows(stats: dict, reg: dict, k_policies: dict | None = None) -> list[dict]:
+    """Adaptive probes (each threshold) against the best fixed probe count; each bandit against its best arm;
+    each block-length policy against its drafter at fixed K."""
     best = lambda names: max(names, key=lambda a: stats[a]["decode_tok_s"])
     flash_fixed = best([n for n in stats if n.startswith("flash_p")])
     rows = [policy_row(n, "adaptive study", stats[n], flash_fixed, stats[flash_fixed], {"mean_probes": stats[n]["mean_probes"]})
@@ -134,6 +156,8 @@ def study_rows(stats: dict, reg: dict) -> list[dict]:
         rows.append(policy_row(b, "adaptive study", stats[b], r["best_arm"], stats[r["best_arm"]],
                                {"choice_freq": stats[b]["choice_freq"], "regret_ms": r["regret_ms"],
                                 "regret_frac": r["regret_frac"]}))
+    for name, (drafter, _) in (k_policies or {}).items():
+        rows.append(policy_row(name, "adaptive study", stats[name], drafter, stats[drafter], {"mean_k": stats[name]["mean_k"]}))
     return rows
 
 
@@ -186,9 +210,10 @@ def adaptive_study(profile: Profile, target_model=None, n_prompts: int | None = 
     target, drafts, fh = study_drafts(profile, target_model)
     H, best = trajectory_states(profile, fh)
     enc = study.side_prompts(profile)[:n_prompts]
-    stats = run_drafters(profile, target, drafts, enc, schedule, study.stop_tokens(profile))
+    k_policies = k_policy_drafters(profile, drafts, fh, schedule)
+    stats = run_drafters(profile, target, drafts, enc, schedule, study.stop_tokens(profile), k_policies)
     reg = regret(stats, list(drafts["bandit_ucb"].arms))
-    rows = study_rows(stats, reg)
+    rows = study_rows(stats, reg, k_policies)
     try:
         run = runs.latest_run(profile.out_dir)
         rows += e2e_rows(runs.read_records(run), f"e2e run {run.name}")

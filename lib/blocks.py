@@ -11,6 +11,8 @@ leave the output equal to greedy decoding; only the rounds change.
 """
 from __future__ import annotations
 
+from .modes import COST, FIXED, GROW
+
 
 class FixedK:
     def __init__(self, k: int):
@@ -53,11 +55,11 @@ class CostK(FixedK):
 
 def make_policy(name: str, k: int, k_max: int, schedule: str, costs: dict | None = None):
     """The policy `name` ('fixed', 'grow' or 'cost'; lib.modes.K_POLICIES) for one generation."""
-    if name == "fixed":
+    if name == FIXED:
         return FixedK(k)
-    if name == "grow":
+    if name == GROW:
         return GrowK(k, k_max)
-    if name == "cost":
+    if name == COST:
         if costs is None:
             raise ValueError("block policy 'cost' needs measured call costs (notebooks 02 and 03 write them)")
         top = max(costs["T_p"]) - 1                                          # deferred verifies K+1 tokens

@@ -30,6 +30,11 @@ class ConfigError(ValueError):
     """A profile file has an unknown key, a missing key or a value of the wrong type."""
 
 
+# Notebook 03's side studies after the end-to-end run, each on the first prompts.side_prompts prompts.
+SIDE_STUDIES = {"sampling": "exact speculative sampling (sampling.json)", "adaptive": "adaptive drafts (adaptive.json)",
+                "peers": "Hugging Face generate() peers (peers.json)"}
+
+
 @dataclass(frozen=True)
 class Shape:
     """One Qwen3 decoder body."""
@@ -130,7 +135,7 @@ class Prompts:
     per_group: int | None = None
     limit: int | None = None
     chat_template: bool = False       # wrap each prompt as a user turn in the tokenizer's chat template
-    side_studies: int = 0             # peers, sampling and adaptive studies use the first N prompts (0: all)
+    side_prompts: int = 0             # the side studies (Profile.side_studies) use the first N prompts (0: all)
 
 
 @dataclass(frozen=True)
@@ -179,6 +184,7 @@ class Profile:
     peers: Peers = field(default_factory=Peers)
     sampling: Sampling = field(default_factory=Sampling)
     compare_with: list[str] = field(default_factory=list)   # profiles whose summaries notebook 04 sets beside this one
+    side_studies: list[str] = field(default_factory=lambda: list(SIDE_STUDIES))   # notebook 03's studies after the e2e run
 
     # Derived locations: computed here, never set in the YAML or the notebooks.
     @property
@@ -316,7 +322,8 @@ def _validate(p: Profile, where: str) -> None:
          f"peers.methods: unknown method in {p.peers.methods}; known: {list(modes.PEERS)}")
     need(p.peers.assistant_schedule in ("constant", "hf_default") and p.peers.prompt_lookup_tokens >= 1,
          "peers: assistant_schedule must be constant or hf_default, prompt_lookup_tokens >= 1")
-    need(p.prompts.side_studies >= 0, f"prompts.side_studies must be >= 0 (0: every prompt), got {p.prompts.side_studies}")
+    need(p.prompts.side_prompts >= 0, f"prompts.side_prompts must be >= 0 (0: every prompt), got {p.prompts.side_prompts}")
+    need(set(p.side_studies) <= set(SIDE_STUDIES), f"side_studies: unknown study in {p.side_studies}; known: {list(SIDE_STUDIES)}")
     need(p.clustering.iterations >= 1, "clustering.iterations must be >= 1")
     need(p.bench.iters >= 1 and p.bench.e2e_iters >= 1, "bench.iters and bench.e2e_iters must be >= 1")
     _validate_adaptive(p, need)

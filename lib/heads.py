@@ -20,7 +20,7 @@ class DenseHead:
         if kernel == "triton" and weight.is_cuda:
             from .kernels import dense_greedy_triton
             W = weight.contiguous()
-            self.fused = lambda h: dense_greedy_triton(h.contiguous(), W)
+            self.fused = lambda h: on_device(W, dense_greedy_triton, h.contiguous(), W)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         """h (n,d) -> token ids (n,), kept on the device (no host sync)."""
@@ -113,7 +113,7 @@ def fused_kernel(head: FlashHead):
     special = head.special.repeat(b)[:b] if head.special.numel() else head.c2t[0]
     c2t_ext = torch.cat([head.c2t, special[None]]).contiguous()                 # row c: the special tokens
     W, cents = head.weight.contiguous(), head.centroids.contiguous()
-    fn = lambda h: flash_greedy_triton(h.contiguous(), W, cents, c2t_ext, p)
+    fn = lambda h: on_device(W, flash_greedy_triton, h.contiguous(), W, cents, c2t_ext, p)
     g = torch.Generator(device=W.device).manual_seed(0)
     probe = W[torch.randint(0, W.shape[0], (8,), device=W.device, generator=g)]   # embedding-like queries
     try:
@@ -124,6 +124,12 @@ def fused_kernel(head: FlashHead):
     if not agree:
         warnings.warn("FlashHead: the Triton path disagreed with the fp32 selection; the torch path runs")
     return fn if agree else None
+
+
+def on_device(W: torch.Tensor, kernel, *args):
+    """Run a Triton head on W's GPU (Triton launches on the current device: a draft on a second GPU needs this)."""
+    with on(W.device):
+        return kernel(*args)
 
 
 def exact_fp32(head: FlashHead, h: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ ORDINARY, PIPELINED, DEFERRED = SCHEDULES
 
 # block-length policy -> label suffix (see lib/blocks.py); "fixed" adds nothing to a mode's name
 K_POLICIES = {"fixed": "", "grow": ", K by acceptance", "cost": ", K by cost model"}
-FIXED = "fixed"
+FIXED, GROW, COST = K_POLICIES
 
 
 def name(draft: str, schedule: str | None, k_policy: str | None = FIXED) -> str:

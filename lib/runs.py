@@ -119,7 +119,8 @@ def config_differences(saved: dict, config: dict) -> list[str]:
     def e2e_part(c: dict) -> dict:
         c = json.loads(json.dumps(c, default=str))
         side = {k: v for k, v in c["profile"].items() if k not in ("peers", "sampling")}
-        side["prompts"] = {k: v for k, v in side.get("prompts", {}).items() if k != "side_studies"}
+        side.pop("side_studies", None)
+        side["prompts"] = {k: v for k, v in side.get("prompts", {}).items() if k not in ("side_prompts", "side_studies")}
         return {**c, "profile": side}
     a, b = e2e_part(saved), e2e_part(config)
     return [k for k in ("profile", "device", "prompts") if a.get(k) != b.get(k)]

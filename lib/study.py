@@ -47,8 +47,8 @@ def encoded_prompts(profile: Profile, tokenizer=None) -> list[tuple[prompt_lib.P
 
 
 def side_prompts(profile: Profile) -> list[tuple[prompt_lib.Prompt, list[int]]]:
-    """The prompts of the side studies (peers, sampling, adaptive): the first prompts.side_studies (0: all)."""
-    return encoded_prompts(profile)[:profile.prompts.side_studies or None]
+    """The prompts of the side studies (peers, sampling, adaptive): the first prompts.side_prompts (0: all)."""
+    return encoded_prompts(profile)[:profile.prompts.side_prompts or None]
 
 
 @torch.no_grad()
@@ -312,7 +312,7 @@ def run_shard(profile: Profile, run: Path, shard: tuple[int, int] = (0, 1), targ
     ensure_flash_checkpoint(profile)
     target, drafts = engines.build_engines(profile, target_model=target_model)
     runs.run_samples(profile, run, target, drafts, enc, keys, stop_tokens(profile), shard,
-                     costs=call_costs(profile) if "cost" in profile.decode.k_policies else None)
+                     costs=call_costs(profile) if modes.COST in profile.decode.k_policies else None)
 
 
 def call_costs(profile: Profile) -> dict:

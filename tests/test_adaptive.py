@@ -184,6 +184,12 @@ def test_adaptive_study_compares_every_policy_with_fixed_settings(smoke, smoke_r
     assert {"bandit_ucb", "bandit_thompson", "adaptive_t0.9", "flash_adaptive_deferred", "flash_deferred_grow"} <= policies
     grow = next(r for r in a["policies"] if r["policy"] == "flash_deferred_grow")
     assert grow["best_fixed"] == "flash_deferred" and grow["mean_k"] >= 1
+    q = smoke.clustering.n_probes                                         # the side study's own block policies
+    for drafter in (f"flash_p{q}", "dense"):
+        row = next(r for r in a["policies"] if r["policy"] == f"{drafter}_kgrow")
+        assert row["best_fixed"] == drafter and 1 <= row["mean_k"] <= smoke.decode.k_max
+        assert a["drafters"][f"{drafter}_kgrow"]["exact_match"] == 1.0
+    assert a["drafters"]["dense"]["mean_k"] == pytest.approx(smoke.decode.k, abs=1)   # fixed K (the last block may be cut)
     assert adaptive_study.summary(smoke)["adaptive"]["policies"] == a["policies"]
 
 

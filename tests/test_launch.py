@@ -123,6 +123,6 @@ def test_a_named_finished_run_is_reused_and_a_wrong_name_or_configuration_refuse
 
 def test_side_study_settings_do_not_change_the_e2e_configuration(profile):
     run = study.run_speculative(profile)
-    side = replace(profile, prompts=replace(profile.prompts, side_studies=1),
+    side = replace(profile, prompts=replace(profile.prompts, side_prompts=1),
                    sampling=replace(profile.sampling, temperatures=[0.7]))
     assert study.run_speculative(side, reuse=run.name) == run
