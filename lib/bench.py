@@ -124,9 +124,13 @@ def device_name(device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-# First match wins: cuBLAS on Hopper names its GEMMs nvjet_*; compiled (Triton) kernels come before attention,
-# since inductor names the fusions around attention after the ops they hold.
-KERNEL_KINDS = (("GEMV/GEMM", ("gemv", "gemm", "nvjet", "xmma", "cutlass", "marlin", "splitk", "cublas", "addmm", "aten::mm")),
+# First match wins: this study's Triton heads (lib/kernels.py) first; inductor's kernels that hold a matmul
+# (coordinate-descent tuning turns one-row matmuls into Triton reductions fused with their norms, activations
+# and residual adds: "_mm_" in the name) before plain GEMMs (cuBLAS on Hopper names its GEMMs nvjet_*); other
+# compiled kernels before attention, since inductor names the fusions around attention after the ops they hold.
+KERNEL_KINDS = (("LM head (Triton)", ("_flash_probes", "_flash_tokens", "_dense_argmax")),
+                ("GEMV fused with norms and elementwise ops (compiled)", ("_mm_",)),
+                ("GEMV/GEMM", ("gemv", "gemm", "nvjet", "xmma", "cutlass", "marlin", "splitk", "cublas", "addmm", "aten::mm")),
                 ("fused elementwise and norms (compiled)", ("triton",)),
                 ("attention", ("flash", "fmha", "attention", "sdpa", "efficient")),
                 ("argmax/top-k", ("argmax", "topk", "sort", "argreduce")),

@@ -183,6 +183,9 @@ def test_kernel_kinds_name_hopper_gemms_and_compiled_fusions():
     assert kernel_kind("cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_f16") == "attention"
     assert kernel_kind("void at::native::reduce_kernel<ArgMaxOps<float>>") == "argmax/top-k"
     assert kernel_kind("aten::le") == "other"
+    assert kernel_kind("triton_red_fused__unsafe_view_add_mm_mul_silu_split_t_view_9") == \
+        "GEMV fused with norms and elementwise ops (compiled)"                  # coordinate-descent tuned inductor
+    assert {kernel_kind(k) for k in ("_flash_probes", "_flash_tokens", "_dense_argmax")} == {"LM head (Triton)"}
 
 
 def test_kernel_breakdown_of_a_cpu_call_lists_its_ops():
