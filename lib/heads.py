@@ -110,8 +110,8 @@ def fused_kernel(head: FlashHead):
     if head.special.numel() > b:                                               # one row holds the special tokens
         warnings.warn(f"FlashHead: {head.special.numel()} special tokens do not fit one cluster row ({b}); the torch path runs")
         return None
-    special = head.special.repeat(b)[:b] if head.special.numel() else head.c2t[0]
-    c2t_ext = torch.cat([head.c2t, special[None]]).contiguous()                 # row c: the special tokens
+    special = head.special.repeat(b)[:b] if head.special.numel() else torch.full_like(head.c2t[0], -1)
+    c2t_ext = torch.cat([head.c2t, special[None]]).contiguous()                 # row c: the special tokens (-1: none)
     W, cents = head.weight.contiguous(), head.centroids.contiguous()
     fn = lambda h: on_device(W, flash_greedy_triton, h.contiguous(), W, cents, c2t_ext, p)
     g = torch.Generator(device=W.device).manual_seed(0)

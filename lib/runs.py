@@ -136,6 +136,19 @@ def resumable_run(out_dir: Path, config: dict) -> Path | None:
     return same[-1] if same else None
 
 
+def reused_run(out_dir: Path, name: str, config: dict) -> Path:
+    """A finished run named by the user, checked to be of this configuration (profile, devices, prompts)."""
+    run = out_dir / "runs" / name
+    if not finished(run):
+        raise ValueError(f"reuse={name!r}: no finished run of that name in {out_dir / 'runs'}")
+    saved = json.loads((run / "config.json").read_text())
+    differ = config_differences(saved, config)
+    if differ:
+        raise ValueError(f"reuse={name!r}: that run's {', '.join(differ)} differ from this configuration's")
+    print(f"reusing finished run {name} (measured at commit {saved.get('commit', 'unknown')}; nothing is measured now)")
+    return run
+
+
 def run_commit(run: Path) -> str:
     return json.loads((run / "config.json").read_text()).get("commit", "unknown")
 

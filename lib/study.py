@@ -276,7 +276,7 @@ def run_speculative(profile: Profile, launcher: str = "local", target_model=None
     enc = encoded_prompts(profile)
     qids = [p.question_id for p, _ in enc]
     if reuse:
-        return reused_run(profile, reuse, runs.run_config(profile, qids, device_info(profile)))
+        return runs.reused_run(profile.out_dir, reuse, runs.run_config(profile, qids, device_info(profile)))
     run, resumed = runs.start_or_resume(profile, runs.run_config(profile, qids, device_info(profile)), fresh)
     done = len(runs.read_records(run))
     state = ("reusing finished" if runs.finished(run) else "resuming") if resumed else "new"
@@ -287,19 +287,6 @@ def run_speculative(profile: Profile, launcher: str = "local", target_model=None
         runs.launch_slurm(profile, run, qids, run_shard, {"slurm": "slurm", "submitit-local": "local"}[launcher])
     if not runs.finished(run):
         runs.finish_run(run)
-    return run
-
-
-def reused_run(profile: Profile, name: str, config: dict) -> Path:
-    """A finished run named by the user, checked to be of this configuration (profile, devices, prompts)."""
-    run = profile.out_dir / "runs" / name
-    if not runs.finished(run):
-        raise ValueError(f"reuse={name!r}: no finished run of that name in {profile.out_dir / 'runs'}")
-    saved = json.loads((run / "config.json").read_text())
-    differ = runs.config_differences(saved, config)
-    if differ:
-        raise ValueError(f"reuse={name!r}: that run's {', '.join(differ)} differ from this configuration's")
-    print(f"reusing finished run {name} (measured at commit {saved.get('commit', 'unknown')}; nothing is measured now)")
     return run
 
 

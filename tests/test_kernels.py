@@ -96,6 +96,16 @@ def test_flash_all_scores_equal():
             assert got.item() == flash_ref(h, W, cents, c2t_ext, p).item()
 
 
+def test_flash_without_special_tokens_scores_only_the_probes():
+    """A special-token row of -1 (none, as heads.fused_kernel builds it for a head without specials) adds no
+    candidate: only the probed clusters are scored."""
+    g, W, cents, c2t_ext = problem(5, specials=())
+    assert c2t_ext[-1].eq(-1).all()
+    for p in (1, 4, 20):
+        h = ints(g, 1, W.shape[1])
+        assert K.flash_greedy_triton(h, W, cents, c2t_ext, p, S=8).item() == flash_ref(h, W, cents, c2t_ext, p).item()
+
+
 def test_flash_special_token_wins():
     g, W, cents, c2t_ext = problem(3)
     W[70] = 50.0                                                        # a special token, scored always
