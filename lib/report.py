@@ -266,7 +266,10 @@ def save_tables(tabs: dict[str, pd.DataFrame], profile: Profile, run: Path) -> P
     d = profile.out_dir / "tables"
     d.mkdir(parents=True, exist_ok=True)
     src = run_source(profile, run)
-    md = [f"Profile `{profile.name}`; end-to-end tables from `{src['run']}` (commit {src['run_commit']}).\n"]
+    micro = profile.out_dir / "microbench.json"
+    stamp = json.loads(micro.read_text()).get("written", {}) if micro.exists() else {}
+    md = [f"Profile `{profile.name}`; end-to-end tables from `{src['run']}` (commit {src['run_commit']}); "
+          f"microbenchmark tables (4.1-4.4) from microbench.json (commit {stamp.get('commit', 'not recorded')}).\n"]
     for name, tab in tabs.items():
         tab.to_csv(d / f"table_{name.replace('.', '_')}.csv", index=False)
         md.append(f"## Table {name}\n\n{tab.to_markdown(index=False, floatfmt='.4g')}\n")
@@ -303,6 +306,7 @@ def summary(profile: Profile, device: str, clus: dict, micro: dict, agg: pd.Data
                  "speedup": micro["head"]["speedup"], "n_probes": micro["n_probes"]},
         "model_step": {"dense_ms": micro["model_step"]["dense"]["mean_ms"],
                        "flash_ms": micro["model_step"]["flash"]["mean_ms"], "speedup": micro["model_step"]["speedup"]},
+        "microbench_commit": micro.get("written", {}).get("commit", "not recorded"),   # head and model_step
         "e2e": e2e,
     }
     if profile.models.source == "gguf":

@@ -19,10 +19,15 @@ from .speculative import Result, generate_baseline
 # ---------------------------------------------------------------- result files of a profile
 
 def save_json(profile: Profile, name: str, data: dict) -> Path:
+    """Write a result file, stamped with the commit whose code wrote it and when (`written`)."""
     path = profile.out_dir / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, default=float))
+    path.write_text(json.dumps({**data, "written": written()}, indent=1, default=float))
     return path
+
+
+def written() -> dict:
+    return {"commit": git_commit(), "at": now()}
 
 
 def read_json(profile: Profile, name: str) -> dict:
@@ -33,8 +38,10 @@ def read_json(profile: Profile, name: str) -> dict:
 
 
 def update_json(profile: Profile, name: str, data: dict) -> dict:
-    """Merge `data` into the profile's JSON file `name` (several notebooks add their parts)."""
+    """Merge `data` into the profile's JSON file `name` (several notebooks add their parts, each part
+    stamped with its own `written`)."""
     path = profile.out_dir / name
+    data = {k: {**v, "written": written()} if isinstance(v, dict) else v for k, v in data.items()}
     merged = {**(json.loads(path.read_text()) if path.exists() else {}), **data}
     save_json(profile, name, merged)
     return merged

@@ -126,3 +126,13 @@ def test_side_study_settings_do_not_change_the_e2e_configuration(profile):
     side = replace(profile, prompts=replace(profile.prompts, side_prompts=1),
                    sampling=replace(profile.sampling, temperatures=[0.7]))
     assert study.run_speculative(side, reuse=run.name) == run
+
+
+def test_result_files_name_the_commit_that_wrote_them(profile, monkeypatch):
+    monkeypatch.setenv("STUDY_COMMIT", "abc123")
+    runs.save_json(profile, "probe.json", {"x": 1})
+    assert runs.read_json(profile, "probe.json")["written"]["commit"] == "abc123"
+    monkeypatch.setenv("STUDY_COMMIT", "def456")                              # a later notebook adds its part
+    merged = runs.update_json(profile, "probe.json", {"part": {"y": 2}})
+    assert merged["part"]["written"]["commit"] == "def456" and merged["x"] == 1
+    assert runs.read_json(profile, "probe.json")["part"] == merged["part"]
