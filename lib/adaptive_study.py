@@ -1,14 +1,15 @@
 """The adaptive-draft study (issue 14): adaptive probes against the fixed-probe sweep (top-1 containment along
 greedy trajectories, and end-to-end), the bandit drafters against each of their arms run fixed (regret against
-the best one, chosen afterwards), and the adaptive block-length policies and adaptive drafts of the latest
-end-to-end run against the best fixed setting. Writes adaptive.json; summary.json gets its `policies` rows."""
+the best one, chosen afterwards), both adaptive block-length policies on the dense head and on FlashHead against
+the same drafter at fixed K, and the adaptive block-length policies and adaptive drafts of the latest end-to-end
+run against the best fixed setting. Writes adaptive.json; summary.json gets its `policies` rows."""
 from __future__ import annotations
 
 from collections import Counter
 
 import torch
 
-from . import adaptive, checkpoints, engines, modes, runs, study
+from . import adaptive, checkpoints, costmodel, engines, modes, runs, study
 from .blocks import FixedK, make_policy
 from .config import Profile
 from .heads import GraphedHead
@@ -72,16 +73,22 @@ def study_drafts(profile: Profile, target_model=None):
     return target, {**out, "bandit_ucb": drafts["bandit_ucb"], "bandit_thompson": drafts["bandit_thompson"]}, fh
 
 
-def k_policy_drafters(profile: Profile, drafts: dict, fh, schedule: str) -> dict:
-    """The profile's adaptive block-length policies on the dense head and on FlashHead at its own probe count:
+def k_policy_drafters(profile: Profile, fh, schedule: str) -> dict:
+    """Both adaptive block-length policies, whatever the profile's end-to-end run uses (grow; cost where notebooks
+    02-03 have measured the call costs), on the dense head and on FlashHead at its own probe count:
     {name: (drafter it runs, policy factory)}, named '<drafter>_k<policy>'."""
     d = profile.decode
-    costs = study.call_costs(profile) if modes.COST in d.k_policies else {}
+    try:
+        micro, steps = runs.read_json(profile, "microbench.json"), runs.read_json(profile, "target_step.json")
+    except FileNotFoundError as e:
+        micro = steps = None
+        print(f"block policy 'cost' left out of the adaptive study: {e}")
     out = {}
-    for policy in [p for p in d.k_policies if p != modes.FIXED]:
-        for drafter, mode in ((f"flash_p{fh.n_probes}", "flash"), ("dense", engines.shared_dense(profile))):
-            out[f"{drafter}_k{policy}"] = (drafter, lambda policy=policy, mode=mode: make_policy(
-                policy, d.k, d.k_max, schedule, costs.get(mode)))
+    for policy in [modes.GROW] + ([modes.COST] if micro else []):
+        for drafter, head in ((f"flash_p{fh.n_probes}", "flash"), ("dense", "dense")):
+            costs = costmodel.call_costs(micro, steps, head) if micro else None
+            out[f"{drafter}_k{policy}"] = (drafter, lambda policy=policy, costs=costs: make_policy(
+                policy, d.k, d.k_max, schedule, costs))
     return out
 
 
@@ -210,7 +217,7 @@ def adaptive_study(profile: Profile, target_model=None, n_prompts: int | None = 
     target, drafts, fh = study_drafts(profile, target_model)
     H, best = trajectory_states(profile, fh)
     enc = study.side_prompts(profile)[:n_prompts]
-    k_policies = k_policy_drafters(profile, drafts, fh, schedule)
+    k_policies = k_policy_drafters(profile, fh, schedule)
     stats = run_drafters(profile, target, drafts, enc, schedule, study.stop_tokens(profile), k_policies)
     reg = regret(stats, list(drafts["bandit_ucb"].arms))
     rows = study_rows(stats, reg, k_policies)

@@ -11,7 +11,7 @@ import torch
 
 from . import (bench, checkpoints, clustering as cl, engines, exit_depth, flash_checkpoint, modes, preflight,
                prompts as prompt_lib, runs)
-from .config import Profile, load_profile
+from .config import SIDE_STUDIES, Profile, load_profile
 from .heads import DenseHead, GraphedHead
 from .runner import Runner
 from .runs import read_json, save_json, update_json  # noqa: F401 - notebook steps
@@ -366,6 +366,15 @@ def divergences(profile: Profile, records: list[dict], target_model) -> list[dic
 
 
 # ---------------------------------------------------------------- peers in the same harness
+
+def side_studies(profile: Profile, names: str = "") -> list[str]:
+    """Notebook 03's side studies: the profile's, or instead the comma-separated `names` (its parameter)."""
+    chosen = [n.strip() for n in names.split(",") if n.strip()] if names else list(profile.side_studies)
+    unknown = sorted(set(chosen) - set(SIDE_STUDIES))
+    if unknown:
+        raise ValueError(f"side_studies: unknown {unknown}; known: {list(SIDE_STUDIES)}")
+    return chosen
+
 
 def peer_study(profile: Profile, target_model=None) -> dict:
     """Hugging Face generate() (greedy, static cache, assisted with the dense draft, prompt lookup) beside this

@@ -213,6 +213,12 @@ def test_unknown_mode(tmp_path, smoke_data):
     assert "decode.modes" in msg and "turbo" in msg
 
 
+def test_unknown_side_study(tmp_path, smoke_data):
+    smoke_data["side_studies"] = ["sampling", "ablation"]
+    msg = load_error(tmp_path, smoke_data)
+    assert "side_studies" in msg and "ablation" in msg
+
+
 def test_unknown_schedule(tmp_path, smoke_data):
     smoke_data["decode"]["schedules"] = ["ordinary", "eager"]
     assert "decode.schedules" in load_error(tmp_path, smoke_data)

@@ -136,3 +136,11 @@ def test_result_files_name_the_commit_that_wrote_them(profile, monkeypatch):
     merged = runs.update_json(profile, "probe.json", {"part": {"y": 2}})
     assert merged["part"]["written"]["commit"] == "def456" and merged["x"] == 1
     assert runs.read_json(profile, "probe.json")["part"] == merged["part"]
+
+
+def test_side_studies_are_the_profiles_unless_named(profile):
+    assert study.side_studies(profile) == ["sampling", "adaptive", "peers"]
+    assert study.side_studies(replace(profile, side_studies=[])) == []
+    assert study.side_studies(profile, "adaptive, peers") == ["adaptive", "peers"]
+    with pytest.raises(ValueError, match=r"side_studies: unknown \['adaptiv'\]"):
+        study.side_studies(profile, "adaptiv")
