@@ -191,7 +191,8 @@ def draft_step_breakdown(profile: Profile) -> dict:
     for name, d in drafts.items():
         d.runner.prefill(torch.tensor([prompt], device=dev))
         out[f"draft_{name}"] = bench.breakdown(lambda d=d: d.head(d.runner.forward(x, pos)[:, -1]), dev)
-    return update_json(profile, "step_breakdown.json", out)
+    merged = update_json(profile, "step_breakdown.json", out)
+    return {k: merged[k] for k in out}                                       # the draft parts (the file may hold the target's)
 
 
 

@@ -144,3 +144,13 @@ def test_side_studies_are_the_profiles_unless_named(profile):
     assert study.side_studies(profile, "adaptive, peers") == ["adaptive", "peers"]
     with pytest.raises(ValueError, match=r"side_studies: unknown \['adaptiv'\]"):
         study.side_studies(profile, "adaptiv")
+
+
+def test_notebook_02s_breakdown_can_run_again_over_its_own_file(profile):
+    """A re-run reads back a stamped step_breakdown.json (and any part notebook 03 added) and still returns
+    just the draft parts, each with its kinds."""
+    study.ensure_flash_checkpoint(profile)
+    for _ in range(2):
+        bd = study.draft_step_breakdown(profile)
+        assert set(bd) == {"draft_dense", "draft_flash"} and all("by_kind_us" in v for v in bd.values())
+    assert set(runs.read_json(profile, "step_breakdown.json")) == {"draft_dense", "draft_flash", "written"}
