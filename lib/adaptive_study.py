@@ -58,12 +58,13 @@ def study_drafts(profile: Profile, target_model=None):
     draft's body: the dense head, FlashHead at each fixed probe count (flash_p<q>), the adaptive head at each
     threshold (adaptive_t<t>) and both bandits."""
     dense_name = engines.shared_dense(profile)
-    target, drafts = engines.build_engines(profile, ["flash", dense_name, "bandit_ucb", "bandit_thompson"], target_model)
+    target, drafts = engines.build_engines(profile, ["flash", dense_name, "bandit_ucb", "bandit_thompson"], target_model,
+                                           adaptive_k=True)                  # the study's block policies reach k_max
     flash, a = drafts["flash"], profile.clustering.adaptive
     fh, graphs = flash.head.head, profile.bench.cuda_graphs
     p_max = a.p_max or fh.n_probes
     arms = drafts["bandit_ucb"].arms
-    probes = sorted({a.p_min, p_max, *engines.bandit_probes(profile, fh.n_probes, fh.n_clusters)})
+    probes = sorted({a.p_min, p_max, fh.n_probes, *engines.bandit_probes(profile, fh.n_probes, fh.n_clusters)})
     out = {f"flash_p{q}": Draft(flash.runner, arms.get(f"flash_p{q}") or GraphedHead(fh.with_probes(q), graphs, flash.runner.clock))
            for q in probes}
     out["dense"] = drafts[dense_name]

@@ -118,13 +118,15 @@ def build_target(profile: Profile, model=None, clock=None) -> Target:
     return make_target(model, cache_len(profile), Acceleration.of(profile, "target"), clock)
 
 
-def build_engines(profile: Profile, which=None, target_model=None) -> tuple[Target, dict[str, Draft]]:
-    """The target and the drafts `which` (default: the profile's), sharing one clock."""
+def build_engines(profile: Profile, which=None, target_model=None, adaptive_k: bool = False) -> tuple[Target, dict[str, Draft]]:
+    """The target and the drafts `which` (default: the profile's), sharing one clock; adaptive_k: ready for
+    blocks up to decode.k_max whatever the profile's own block policies."""
     which = [m for m in (which or profile.decode.modes) if m != BASELINE]
     target = build_target(profile, target_model)
     drafts = build_all_drafts(profile, which, target.runner.clock, target.runner.model)
     # Capture (and compile) every call length a round can use now, so none is built inside a timed generation.
-    longest = max(profile.decode.k, profile.decode.k_max if set(profile.decode.k_policies) - {FIXED} else 0) + 1
+    adaptive_k = adaptive_k or bool(set(profile.decode.k_policies) - {FIXED})
+    longest = max(profile.decode.k, profile.decode.k_max if adaptive_k else 0) + 1
     target.runner.warm("greedy", range(1, longest + 1))
     for runner in {id(d.runner): d.runner for d in drafts.values()}.values():
         runner.warm("hidden", range(1, longest + 1))

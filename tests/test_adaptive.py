@@ -219,3 +219,16 @@ def test_bandit_arms_come_from_the_profile():
     assert engines.bandit_probes(p, 8, 256) == [2, 8, 32]
     p = replace(p, decode=replace(p.decode, bandit=replace(p.decode.bandit, probes=[4, 64])))
     assert engines.bandit_probes(p, 8, 256) == [4, 8, 64]
+
+
+@pytest.mark.parametrize("k_policies,adaptive_k,longest", [(["fixed"], False, "k"), (["fixed"], True, "k_max"),
+                                                           (["fixed", "grow"], False, "k_max")])
+def test_engines_capture_every_length_their_block_policies_reach(smoke, monkeypatch, k_policies, adaptive_k, longest):
+    """Every verify length a round can use is captured before timing: up to K+1, or k_max+1 where a block policy
+    may grow K (the profile's, or the adaptive study's whatever the profile's)."""
+    seen = {}
+    monkeypatch.setattr(Runner, "warm", lambda self, kind, lengths: seen.setdefault(kind, list(lengths)))
+    p = replace(smoke, decode=replace(smoke.decode, k_policies=k_policies))
+    engines.build_engines(p, ["flash"], adaptive_k=adaptive_k)
+    top = getattr(p.decode, longest) + 1
+    assert seen == {"greedy": list(range(1, top + 1)), "hidden": list(range(1, top + 1))}
