@@ -331,9 +331,8 @@ def _num(v):
 
 
 def write_summary(profile: Profile, data: dict) -> Path:
-    path = profile.out_dir / "summary.json"
-    path.write_text(json.dumps(data, indent=1))
-    return path
+    from .runs import save_json                                             # stamped like every result file
+    return save_json(profile, "summary.json", data)
 
 
 def peers_table(data: dict, agg: pd.DataFrame | None = None) -> pd.DataFrame:
