@@ -20,6 +20,8 @@ from .speculative import Result, generate_baseline
 
 def save_json(profile: Profile, name: str, data: dict) -> Path:
     """Write a result file, stamped with the commit whose code wrote it and when (`written`)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{name}: a result file holds a JSON object (dict), got {type(data).__name__}")
     path = profile.out_dir / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**data, "written": written()}, indent=1, default=float))

@@ -154,3 +154,8 @@ def test_notebook_02s_breakdown_can_run_again_over_its_own_file(profile):
         bd = study.draft_step_breakdown(profile)
         assert set(bd) == {"draft_dense", "draft_flash"} and all("by_kind_us" in v for v in bd.values())
     assert set(runs.read_json(profile, "step_breakdown.json")) == {"draft_dense", "draft_flash", "written"}
+
+
+def test_a_result_file_must_be_a_json_object(profile):
+    with pytest.raises(TypeError, match="exit_depth.json: a result file holds a JSON object"):
+        runs.save_json(profile, "exit_depth.json", [{"depth": 1}])
