@@ -157,7 +157,7 @@ def study_rows(stats: dict, reg: dict, k_policies: dict | None = None) -> list[d
     """Adaptive probes (each threshold) against the best fixed probe count; each bandit against its best arm;
     each block-length policy against its drafter at fixed K."""
     best = lambda names: max(names, key=lambda a: stats[a]["decode_tok_s"])
-    flash_fixed = best([n for n in stats if n.startswith("flash_p")])
+    flash_fixed = best([n for n in stats if n.startswith("flash_p") and n not in (k_policies or {})])   # fixed p, fixed K
     rows = [policy_row(n, "adaptive study", stats[n], flash_fixed, stats[flash_fixed], {"mean_probes": stats[n]["mean_probes"]})
             for n in stats if n.startswith("adaptive_t")]
     for b, r in reg.items():

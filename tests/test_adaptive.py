@@ -184,6 +184,8 @@ def test_adaptive_study_compares_every_policy_with_fixed_settings(smoke, smoke_r
     assert {"bandit_ucb", "bandit_thompson", "adaptive_t0.9", "flash_adaptive_deferred", "flash_deferred_grow"} <= policies
     grow = next(r for r in a["policies"] if r["policy"] == "flash_deferred_grow")
     assert grow["best_fixed"] == "flash_deferred" and grow["mean_k"] >= 1
+    fixed = {r["best_fixed"] for r in a["policies"] if r["policy"].startswith("adaptive_t")}
+    assert len(fixed) == 1 and "_k" not in fixed.pop()                    # adaptive probes against a fixed-K drafter
     q = smoke.clustering.n_probes                                         # the side study's own block policies
     for drafter in (f"flash_p{q}", "dense"):
         row = next(r for r in a["policies"] if r["policy"] == f"{drafter}_kgrow")
@@ -232,3 +234,15 @@ def test_engines_capture_every_length_their_block_policies_reach(smoke, monkeypa
     engines.build_engines(p, ["flash"], adaptive_k=adaptive_k)
     top = getattr(p.decode, longest) + 1
     assert seen == {"greedy": list(range(1, top + 1)), "hidden": list(range(1, top + 1))}
+
+
+def test_adaptive_probes_are_set_against_fixed_probes_at_fixed_k():
+    """A block policy on FlashHead (flash_p16_kcost) may be the fastest drafter; the adaptive probe rows still
+    compare with the best fixed probe count at fixed K, and the policy with its own drafter."""
+    from lib import adaptive_study
+    row = lambda tok_s: {"decode_tok_s": tok_s, "acceptance": 0.5, "mean_probes": 9.0, "mean_k": 3.0}
+    stats = {"flash_p4": row(10.0), "flash_p16": row(12.0), "flash_p16_kcost": row(20.0), "adaptive_t0.9": row(11.0)}
+    rows = adaptive_study.study_rows(stats, {}, {"flash_p16_kcost": ("flash_p16", None)})
+    by = {r["policy"]: r for r in rows}
+    assert by["adaptive_t0.9"]["best_fixed"] == "flash_p16" and by["flash_p16_kcost"]["best_fixed"] == "flash_p16"
+    assert by["flash_p16_kcost"]["tok_s_vs_best_fixed"] == pytest.approx(20 / 12)
