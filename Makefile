@@ -4,7 +4,7 @@
 #   h100awq  the h100 pair with the 32B-shaped target as AWQ int4 (gptqmodel marlin; needs its wheels on the GPU)
 #   two_gpu  the h100 pair on two GPUs of one host, adding the pipelined schedule
 #   two_gpu_awq  two_gpu with h100awq's int4 target (marlin) on GPU 0
-#   smollm2  real weights on a CPU: SmolLM2-135M as target, its first layers as early-exit drafts (the default; ~26 min)
+#   smollm2  real weights on a CPU: SmolLM2-135M as target, its first layers as early-exit drafts (the default; ~28 min)
 #   thesis   the real checkpoints and Spec-Bench prompts (make data first)
 # Targets:
 #   make env        build .venv from environment.yml (every other target does this first)
