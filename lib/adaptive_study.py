@@ -9,7 +9,7 @@ from collections import Counter
 
 import torch
 
-from . import adaptive, checkpoints, costmodel, engines, modes, runs, study
+from . import adaptive, checkpoints, engines, modes, runs, study
 from .blocks import FixedK, make_policy
 from .config import Profile
 from .heads import GraphedHead
@@ -80,16 +80,15 @@ def k_policy_drafters(profile: Profile, fh, schedule: str) -> dict:
     {name: (drafter it runs, policy factory)}, named '<drafter>_k<policy>'."""
     d = profile.decode
     try:
-        micro, steps = runs.read_json(profile, "microbench.json"), runs.read_json(profile, "target_step.json")
+        costs = study.call_costs(profile, ("flash", "dense"))
     except FileNotFoundError as e:
-        micro = steps = None
+        costs = {}
         print(f"block policy 'cost' left out of the adaptive study: {e}")
     out = {}
-    for policy in [modes.GROW] + ([modes.COST] if micro else []):
+    for policy in [modes.GROW] + ([modes.COST] if costs else []):
         for drafter, head in ((f"flash_p{fh.n_probes}", "flash"), ("dense", "dense")):
-            costs = costmodel.call_costs(micro, steps, head) if micro else None
-            out[f"{drafter}_k{policy}"] = (drafter, lambda policy=policy, costs=costs: make_policy(
-                policy, d.k, d.k_max, schedule, costs))
+            out[f"{drafter}_k{policy}"] = (drafter, lambda policy=policy, c=costs.get(head): make_policy(
+                policy, d.k, d.k_max, schedule, c))
     return out
 
 

@@ -71,9 +71,10 @@ class FlashHead:
     def n_clusters(self) -> int:
         return self.c2t.shape[0]
 
-    def candidates(self, h: torch.Tensor) -> torch.Tensor:
-        """Token ids (n, p*b + s) that FlashHead scores for hidden states h (n,d)."""
-        cand = self.c2t[self.probes(h)].flatten(1)                              # (n,p*b)
+    def candidates(self, h: torch.Tensor, probes: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids (n, p*b + s) that FlashHead scores for hidden states h (n,d) (for the given probe
+        clusters (n,p), if any)."""
+        cand = self.c2t[self.probes(h) if probes is None else probes].flatten(1)   # (n,p*b)
         return torch.cat([cand, self.special.expand(h.shape[0], -1)], dim=1)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
@@ -117,7 +118,8 @@ def fused_kernel(head: FlashHead):
     g = torch.Generator(device=W.device).manual_seed(0)
     probe = W[torch.randint(0, W.shape[0], (8,), device=W.device, generator=g)]   # embedding-like queries
     try:
-        agree = all(fn(x[None]).item() == exact_fp32(head, x[None]).item() for x in probe)
+        want = exact_fp32(head, probe).tolist()
+        agree = all(fn(x[None]).item() == w for x, w in zip(probe, want))
     except Exception as e:                                                      # noqa: BLE001 - fall back to torch
         warnings.warn(f"FlashHead: the Triton path failed ({type(e).__name__}: {e}); the torch path runs")
         return None
@@ -136,10 +138,8 @@ def exact_fp32(head: FlashHead, h: torch.Tensor) -> torch.Tensor:
     """FlashHead's selection on fp32 scores and logits, as the Triton kernels make it (the torch path rounds
     both to the weights' dtype, so in bf16 it may break near-ties differently)."""
     h = h.float()
-    scores = h @ head.centroids.float().T                                      # (n,c)
-    probes = scores.topk(head.n_probes, dim=-1).indices
-    cand = torch.cat([head.c2t[probes].flatten(1), head.special.expand(h.shape[0], -1)], dim=1)
-    cand = cand.sort(dim=1).values                                               # argmax ties: the smallest id
+    probes = (h @ head.centroids.float().T).topk(head.n_probes, dim=-1).indices   # (n,p) on fp32 scores
+    cand = head.candidates(h, probes).sort(dim=1).values                         # argmax ties: the smallest id
     logits = torch.einsum("nmd,nd->nm", head.weight[cand].float(), h)
     return cand.gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
 

@@ -51,6 +51,15 @@ def side_prompts(profile: Profile) -> list[tuple[prompt_lib.Prompt, list[int]]]:
     return encoded_prompts(profile)[:profile.prompts.side_prompts or None]
 
 
+def side_studies(profile: Profile, names: str = "") -> list[str]:
+    """Notebook 03's side studies: the profile's, or instead the comma-separated `names` (its parameter)."""
+    chosen = [n.strip() for n in names.split(",") if n.strip()] if names else list(profile.side_studies)
+    unknown = sorted(set(chosen) - set(SIDE_STUDIES))
+    if unknown:
+        raise ValueError(f"side_studies: unknown {unknown}; known: {list(SIDE_STUDIES)}")
+    return chosen
+
+
 @torch.no_grad()
 def hidden_states(model, seqs: list[list[int]], n_layers: int | None = None, skip: list[int] | None = None):
     """Final normed hidden states (sum of kept positions, d) of the model (its first n_layers: an early-exit
@@ -195,8 +204,6 @@ def draft_step_breakdown(profile: Profile) -> dict:
     return {k: merged[k] for k in out}                                       # the draft parts (the file may hold the target's)
 
 
-
-
 def probe_point(head, h: torch.Tensor, b, dev) -> dict:
     """Latency of one FlashHead (a probe count, a kernel path) in its CUDA graph; which path really ran."""
     g = GraphedHead(head, b.cuda_graphs)
@@ -303,11 +310,12 @@ def run_shard(profile: Profile, run: Path, shard: tuple[int, int] = (0, 1), targ
                      costs=call_costs(profile) if modes.COST in profile.decode.k_policies else None)
 
 
-def call_costs(profile: Profile) -> dict:
-    """Per-draft call costs for the cost-model block policy, from notebooks 02-03's measurements."""
+def call_costs(profile: Profile, drafts=None) -> dict:
+    """Per-draft call costs for the cost-model block policy, from notebooks 02-03's measurements, for `drafts`
+    (default: the profile's)."""
     from . import costmodel
     micro, steps = read_json(profile, "microbench.json"), read_json(profile, "target_step.json")
-    return {d: costmodel.call_costs(micro, steps, d) for d in profile.decode.modes if d != modes.BASELINE}
+    return {d: costmodel.call_costs(micro, steps, d) for d in (drafts or profile.decode.modes) if d != modes.BASELINE}
 
 
 def extra_summary(profile: Profile) -> dict:
@@ -367,15 +375,6 @@ def divergences(profile: Profile, records: list[dict], target_model) -> list[dic
 
 
 # ---------------------------------------------------------------- peers in the same harness
-
-def side_studies(profile: Profile, names: str = "") -> list[str]:
-    """Notebook 03's side studies: the profile's, or instead the comma-separated `names` (its parameter)."""
-    chosen = [n.strip() for n in names.split(",") if n.strip()] if names else list(profile.side_studies)
-    unknown = sorted(set(chosen) - set(SIDE_STUDIES))
-    if unknown:
-        raise ValueError(f"side_studies: unknown {unknown}; known: {list(SIDE_STUDIES)}")
-    return chosen
-
 
 def peer_study(profile: Profile, target_model=None) -> dict:
     """Hugging Face generate() (greedy, static cache, assisted with the dense draft, prompt lookup) beside this

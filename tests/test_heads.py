@@ -158,3 +158,13 @@ def test_probes_are_exactly_the_top_p_clusters_for_every_p(c):
             assert head.n_probes == p
             assert torch.equal(head.probes(h).sort(1).values, want), (c, p)
             assert torch.equal(assign[head.candidates(h)].sort(1).values, want.repeat_interleave(b, 1)), (c, p)
+
+
+@pytest.mark.parametrize("probes", [1, 3, N_CLUSTERS])
+def test_exact_fp32_selection_is_flashheads_on_fp32_inputs(draft_clustering, hidden, probes):
+    """The reference the Triton path is checked against: on fp32 weights it is FlashHead's own selection."""
+    from lib.heads import exact_fp32
+    W, cents, assign = draft_clustering
+    head = FlashHead(W.float(), cents.float(), assign, probes, SPECIAL_IDS)
+    h = hidden[:50].float()
+    assert torch.equal(exact_fp32(head, h), head.reference(h))
