@@ -34,8 +34,8 @@ class Acceleration:
 
 def compile_settings() -> None:
     """One compiled layer function serves every layer and call length: raise dynamo's recompile limits.
-    Coordinate-descent tuning of inductor's kernels took the 0.6B-shaped draft body from 1.38 to 1.31 ms
-    on one H100 (2026-11-26, .scratch experiment recorded in issue 12) for ~9 s more compile."""
+    Coordinate-descent tuning of inductor's kernels: the draft step measured by notebook 02 on one H100 went from
+    1.51 to 1.405 ms (outputs/h100/microbench.json, with the Triton heads also new) for ~9 s more compile."""
     cfg = torch._dynamo.config
     cfg.cache_size_limit = max(cfg.cache_size_limit, 64)
     cfg.accumulated_cache_size_limit = max(cfg.accumulated_cache_size_limit, 512)
