@@ -39,6 +39,19 @@ def read_json(profile: Profile, name: str) -> dict:
     return json.loads(path.read_text())
 
 
+def kept_json(profile: Profile, name: str) -> dict | None:
+    """The result file `name` if this very commit (a clean checkout) wrote it, else None (measure it): notebook
+    03 run again with keep=True (the next device call, say) keeps the side studies this code has measured."""
+    path, commit = profile.out_dir / name, git_commit()
+    if not path.exists() or commit == "unknown" or commit.endswith("+dirty"):
+        return None
+    data = json.loads(path.read_text())
+    if data.get("written", {}).get("commit") != commit:
+        return None
+    print(f"kept {name}: written by this commit at {data['written']['at']}")
+    return data
+
+
 def update_json(profile: Profile, name: str, data: dict) -> dict:
     """Merge `data` into the profile's JSON file `name` (several notebooks add their parts, each part
     stamped with its own `written`)."""

@@ -345,33 +345,41 @@ def divergences(profile: Profile, records: list[dict], target_model) -> list[dic
     """For every sample whose output differs from the baseline's: the first divergent position and the
     target's top-1 minus top-2 logit gap there, with the shared prefix fed one token at a time (as the
     baseline feeds it) and in one batch (as a verify call does). A near-tie of low-precision arithmetic
-    shows as a gap of a few ulps of the logits; a defect as a large gap. Written to divergences.json."""
+    shows as a gap of a few ulps of the logits; a defect as a large gap. Written to divergences.json.
+    Modes that leave the baseline at the same point share one measurement of its gaps."""
     enc = {p.question_id: ids for p, ids in encoded_prompts(profile)}
     base = {(r["iteration"], r["question_id"]): r["tokens"] for r in records if r["draft"] == modes.BASELINE}
     runner = Runner(target_model, engines.cache_len(profile))
     W = target_model.get_output_embeddings().weight
+    measured: dict[tuple, dict] = {}                                    # (iteration, question, position) -> gaps
     out = []
     for r in records:
         ref = base.get((r["iteration"], r["question_id"]))
         if r.get("exact_match", True) or ref is None:
             continue
         j = next(i for i, (a, b) in enumerate(zip(r["tokens"] + [-1], ref + [-1])) if a != b)
-        ids = enc[r["question_id"]] + ref[:j]                               # the shared context before position j
-        dev = W.device
-        h_batch = runner.forward(torch.tensor([ids], device=dev), 0, graph=False)[0, -1]
-        runner.forward(torch.tensor([ids[:len(enc[r["question_id"]])]], device=dev), 0, graph=False)
-        h_step = h_batch
-        for pos in range(len(enc[r["question_id"]]), len(ids)):                # one token at a time
-            h_step = runner.forward(torch.tensor([[ids[pos]]], device=dev), pos, graph=False)[0, -1]
-        gaps = {}
-        for name, h in (("stepwise", h_step), ("batched", h_batch)):
-            top = (h @ W.T).float().topk(2).values
-            gaps[f"gap_{name}"] = float(top[0] - top[1])
+        point = (r["iteration"], r["question_id"], j)
+        if point not in measured:
+            measured[point] = logit_gaps(runner, W, enc[r["question_id"]], ref[:j])
         out.append({"mode": r["mode"], "question_id": r["question_id"], "iteration": r["iteration"], "position": j,
                     "baseline_token": ref[j] if j < len(ref) else None,
-                    "mode_token": r["tokens"][j] if j < len(r["tokens"]) else None, **gaps})
+                    "mode_token": r["tokens"][j] if j < len(r["tokens"]) else None, **measured[point]})
     save_json(profile, "divergences.json", {"dtype": profile.dtype, "divergences": out})
     return out
+
+
+def logit_gaps(runner: Runner, W: torch.Tensor, prompt: list[int], shared: list[int]) -> dict:
+    """The target's top-1 minus top-2 logit after prompt + shared, fed stepwise and in one batch."""
+    ids, dev = prompt + shared, W.device
+    h_batch = runner.forward(torch.tensor([ids], device=dev), 0, graph=False)[0, -1]
+    h_step = runner.forward(torch.tensor([prompt], device=dev), 0, graph=False)[0, -1]
+    for pos in range(len(prompt), len(ids)):                            # one token at a time
+        h_step = runner.forward(torch.tensor([[ids[pos]]], device=dev), pos, graph=False)[0, -1]
+    gaps = {}
+    for name, h in (("stepwise", h_step), ("batched", h_batch)):
+        top = (h @ W.T).float().topk(2).values
+        gaps[f"gap_{name}"] = float(top[0] - top[1])
+    return gaps
 
 
 # ---------------------------------------------------------------- peers in the same harness

@@ -159,3 +159,29 @@ def test_notebook_02s_breakdown_can_run_again_over_its_own_file(profile):
 def test_a_result_file_must_be_a_json_object(profile):
     with pytest.raises(TypeError, match="exit_depth.json: a result file holds a JSON object"):
         runs.save_json(profile, "exit_depth.json", [{"depth": 1}])
+
+
+def test_side_study_results_are_kept_only_when_this_clean_commit_wrote_them(profile, monkeypatch):
+    monkeypatch.setenv("STUDY_COMMIT", "abc123")
+    assert runs.kept_json(profile, "sampling.json") is None                   # nothing written yet
+    runs.save_json(profile, "sampling.json", {"rows": [1]})
+    assert runs.kept_json(profile, "sampling.json")["rows"] == [1]
+    monkeypatch.setenv("STUDY_COMMIT", "def456")                              # other code: measure again
+    assert runs.kept_json(profile, "sampling.json") is None
+    runs.save_json(profile, "sampling.json", {"rows": [2]})
+    monkeypatch.setenv("STUDY_COMMIT", "def456+dirty")                        # uncommitted changes: measure again
+    assert runs.kept_json(profile, "sampling.json") is None
+
+
+def test_modes_leaving_the_baseline_at_one_point_share_one_gap_measurement(profile, monkeypatch):
+    from lib import checkpoints
+    recs = runs.read_records(study.run_speculative(profile))
+    base = next(r for r in recs if r["draft"] == "baseline")
+    wrong = [{**base, "draft": "dense", "mode": m, "exact_match": False, "tokens": base["tokens"][:2] + [-5]}
+             for m in ("dense_ordinary", "dense_deferred")]                  # both leave it at position 2
+    calls = []
+    measure = study.logit_gaps
+    monkeypatch.setattr(study, "logit_gaps", lambda *a: calls.append(a) or measure(*a))
+    out = study.divergences(profile, recs + wrong, checkpoints.load_target(profile))
+    assert [d["position"] for d in out] == [2, 2] and len(calls) == 1
+    assert out[0]["gap_stepwise"] == out[1]["gap_stepwise"] >= 0 and out[0]["gap_batched"] >= 0
