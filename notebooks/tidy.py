@@ -2,7 +2,8 @@
 papermill's timing metadata. For the committed nbval references in notebooks/ also drop the outputs
 nbval ignores, stderr and the injected-parameters cell, and write run names and commits as nbval's
 sanitize.cfg reads them (e2e-RUN, commit HASH), so that re-executing them with no change changes no line;
-executed notebooks under outputs/ keep all of it (keep_outputs=True, what notebooks/run.py does).
+executed notebooks under outputs/ keep all of it (keep_outputs=True, what notebooks/run.py does; from the
+command line any notebook outside notebooks/ keeps it, so an executed result cannot lose its outputs).
 Usage: python notebooks/tidy.py [--keep-outputs] notebooks/0*.ipynb"""
 import argparse
 import configparser
@@ -63,5 +64,6 @@ if __name__ == "__main__":
     ap.add_argument("--keep-outputs", action="store_true", help="executed notebooks: drop only widget state and timing")
     ap.add_argument("paths", nargs="+")
     args = ap.parse_args()
+    here = Path(__file__).resolve().parent
     for p in args.paths:
-        tidy(p, keep_outputs=args.keep_outputs)
+        tidy(p, keep_outputs=args.keep_outputs or Path(p).resolve().parent != here)
