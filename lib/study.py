@@ -92,15 +92,9 @@ def recluster(profile: Profile, progress: bool = True) -> dict:
     draft = checkpoints.load_draft(profile)
     tok = checkpoints.load_tokenizer(profile)
     W = draft.get_output_embeddings().weight.detach()
-    dev = W.device
     x = W.float()
-    bench.sync(dev)
-    t = time.perf_counter()
-    assign = cl.spherical_kmeans(x, c.n_clusters, c.iterations, profile.seed, True, c.candidates, progress)
-    bench.sync(dev)
-    seconds = time.perf_counter() - t
+    assign, cents, seconds = equal_size_clusters(profile, x, progress)
     assign_u = cl.spherical_kmeans(x, c.n_clusters, c.iterations, profile.seed, False, progress=progress)
-    cents = cl.centroids_of(cl.unit(x), assign, c.n_clusters)
     sizes = torch.bincount(assign, minlength=c.n_clusters)
     enc = encoded_prompts(profile, tok)
     depth = profile.models.exit_layer                                        # early-exit drafts: their own depth
@@ -112,7 +106,7 @@ def recluster(profile: Profile, progress: bool = True) -> dict:
         "cluster_size": int(W.shape[0] // c.n_clusters), "equal_sizes": bool((sizes == sizes[0]).all()),
         "min_size": int(sizes.min()), "max_size": int(sizes.max()),
         "every_token_once": bool(assign.numel() == W.shape[0] and assign.min() >= 0),
-        "seconds": seconds, "device": bench.device_name(dev),
+        "seconds": seconds, "device": bench.device_name(W.device),
         "mean_cosine": cl.objective(x, assign, c.n_clusters),
         "mean_cosine_unconstrained": cl.objective(x, assign_u, c.n_clusters),
         "unconstrained_size_range": [int(s) for s in torch.bincount(assign_u, minlength=c.n_clusters).aminmax()],
@@ -126,10 +120,26 @@ def recluster(profile: Profile, progress: bool = True) -> dict:
     if c.compare_shipped:
         result["shipped"] = compare_shipped(profile, x, H, W, assign, cents)
     if profile.models.source != "pretrained":                                # we made the clustering: write it
-        flash_checkpoint.save_flash_checkpoint(checkpoints.model_path(profile, "draft"), profile.flash_dir, cents, assign,
-                                     c.n_probes, flash_checkpoint.special_token_ids(tok))
+        write_flash_checkpoint(profile, tok, assign, cents)
     save_json(profile, "clustering.json", result)
     return result
+
+
+def equal_size_clusters(profile: Profile, x: torch.Tensor, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Equal-size spherical k-means of the embeddings x (V,d), fp32: (assignments, unit centroids, seconds of k-means)."""
+    c = profile.clustering
+    bench.sync(x.device)
+    t = time.perf_counter()
+    assign = cl.spherical_kmeans(x, c.n_clusters, c.iterations, profile.seed, True, c.candidates, progress)
+    bench.sync(x.device)
+    seconds = time.perf_counter() - t
+    return assign, cl.centroids_of(cl.unit(x), assign, c.n_clusters), seconds
+
+
+def write_flash_checkpoint(profile: Profile, tok, assign: torch.Tensor, cents: torch.Tensor) -> Path:
+    return flash_checkpoint.save_flash_checkpoint(checkpoints.model_path(profile, "draft"), profile.flash_dir, cents,
+                                                  assign, profile.clustering.n_probes,
+                                                  flash_checkpoint.special_token_ids(tok))
 
 
 def compare_shipped(profile: Profile, x: torch.Tensor, H: torch.Tensor, W: torch.Tensor, assign: torch.Tensor,
@@ -150,10 +160,13 @@ def compare_shipped(profile: Profile, x: torch.Tensor, H: torch.Tensor, W: torch
 
 
 def ensure_flash_checkpoint(profile: Profile) -> Path:
-    """The FlashHead draft checkpoint, made by re-clustering if an earlier notebook has not made it."""
-    if profile.models.source != "pretrained" and not (profile.flash_dir / "config.json").exists():
-        recluster(profile, progress=False)
-    return profile.flash_dir
+    """The FlashHead draft checkpoint, made by the same seeded equal-size clustering as notebook 01's if it is
+    missing (a fresh machine, say); notebook 01's measurements (clustering.json) are neither redone nor rewritten."""
+    if profile.models.source == "pretrained" or (profile.flash_dir / "config.json").exists():
+        return profile.flash_dir
+    draft = checkpoints.load_draft(profile)
+    assign, cents, _ = equal_size_clusters(profile, draft.get_output_embeddings().weight.detach().float())
+    return write_flash_checkpoint(profile, checkpoints.load_tokenizer(profile), assign, cents)
 
 
 # ---------------------------------------------------------------- notebook 02: microbenchmarks

@@ -1,9 +1,11 @@
 """Notebook 03's sample set sharded through submitit: shards merge into one results set, a failed
 shard is reported (never dropped) and a rerun resumes, skipping finished samples."""
+import shutil
 from collections import Counter
 from dataclasses import replace
 
 import pytest
+import torch
 
 from lib import runs, study
 from lib.config import Slurm, load_profile
@@ -185,3 +187,18 @@ def test_modes_leaving_the_baseline_at_one_point_share_one_gap_measurement(profi
     out = study.divergences(profile, recs + wrong, checkpoints.load_target(profile))
     assert [d["position"] for d in out] == [2, 2] and len(calls) == 1
     assert out[0]["gap_stepwise"] == out[1]["gap_stepwise"] >= 0 and out[0]["gap_batched"] >= 0
+
+
+def test_a_missing_flash_checkpoint_is_rebuilt_without_redoing_notebook_01(profile, monkeypatch, tmp_path):
+    """A fresh machine has notebook 01's results but not its checkpoint: the same seeded clustering is written
+    again, and clustering.json stays as notebook 01 left it."""
+    from lib.flash_checkpoint import read_flash_checkpoint
+    monkeypatch.setenv("STUDY_MODELS", str(tmp_path / "models"))
+    study.recluster(profile, progress=False)
+    first = read_flash_checkpoint(profile.flash_dir)
+    measured = (profile.out_dir / "clustering.json").read_text()
+    shutil.rmtree(profile.flash_dir)
+    assert study.ensure_flash_checkpoint(profile) == profile.flash_dir
+    again = read_flash_checkpoint(profile.flash_dir)
+    assert torch.equal(first[2], again[2]) and torch.equal(first[1], again[1]) and first[0] == again[0]
+    assert (profile.out_dir / "clustering.json").read_text() == measured
