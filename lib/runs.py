@@ -42,8 +42,8 @@ def read_json(profile: Profile, name: str) -> dict:
 def kept_json(profile: Profile, name: str) -> dict | None:
     """The result file `name` if this very commit (a clean checkout) wrote it, else None (measure it): notebook
     03 run again with keep=True (the next device call, say) keeps the side studies this code has measured."""
-    path, commit = profile.out_dir / name, git_commit()
-    if not path.exists() or commit == "unknown" or commit.endswith("+dirty"):
+    path, commit = profile.out_dir / name, clean_commit()
+    if commit is None or not path.exists():
         return None
     data = json.loads(path.read_text())
     if data.get("written", {}).get("commit") != commit:
@@ -75,6 +75,13 @@ def git_commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def clean_commit() -> str | None:
+    """The checkout's commit if its code is exactly that commit's (not '+dirty', not 'unknown'), else None:
+    only then does a result this commit wrote stand for what this code would measure."""
+    commit = git_commit()
+    return None if commit == "unknown" or commit.endswith("+dirty") else commit
 
 
 def now() -> str:
@@ -151,9 +158,8 @@ def config_differences(saved: dict, config: dict) -> list[str]:
 def resumable_run(out_dir: Path, config: dict) -> Path | None:
     """The latest run of the same configuration that is unfinished, or finished at this very commit (a clean
     one: its samples are what this code would measure), if any."""
-    commit = git_commit()
-    clean = commit != "unknown" and not commit.endswith("+dirty")
-    same = [p for p in runs_of(out_dir) if (not finished(p) or clean and run_commit(p) == commit) and
+    commit = clean_commit()
+    same = [p for p in runs_of(out_dir) if (not finished(p) or commit is not None and run_commit(p) == commit) and
             not config_differences(json.loads((p / "config.json").read_text()), config)]
     return same[-1] if same else None
 
