@@ -22,7 +22,7 @@ PY := $(VENV)/bin/python
 NOTEBOOKS := $(sort $(wildcard notebooks/0*.ipynb))
 NBVAL := --nbval --nbval-sanitize-with notebooks/sanitize.cfg --nbval-current-env
 # No progress bars in executed notebooks (stderr outputs, widget state).
-QUIET := TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
+QUIET := TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error KINETO_LOG_LEVEL=6
 
 .PHONY: env reproduce test lab notebooks data
 SPEC_BENCH := data/spec_bench/question.jsonl
@@ -47,11 +47,13 @@ $(VENV)/.done: environment.yml
 reproduce: env
 	@$(PY) notebooks/run.py $(PROFILE) --launcher $(LAUNCHER) $(if $(filter-out 0,$(FRESH)),--fresh)
 
-# Everything the tests write goes to a scratch STUDY_OUTPUTS, removed afterwards: the checkout stays as it was.
+# Everything the tests write (results and models) goes to a scratch directory, removed afterwards: the checkout
+# stays as it was.
+SCRATCH_ENV = STUDY_OUTPUTS=$$scratch/outputs STUDY_MODELS=$$scratch/models $(QUIET)
 test: env
 	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
-	STUDY_OUTPUTS=$$scratch $(QUIET) $(PY) -m pytest -q -p no:cacheprovider tests && \
-	STUDY_OUTPUTS=$$scratch $(QUIET) $(PY) -m pytest -q -p no:cacheprovider $(NBVAL) $(NOTEBOOKS)
+	$(SCRATCH_ENV) $(PY) -m pytest -q -p no:cacheprovider tests && \
+	$(SCRATCH_ENV) $(PY) -m pytest -q -p no:cacheprovider $(NBVAL) $(NOTEBOOKS)
 
 # Re-execute the committed notebooks in place on smoke (what nbval checks; results to a scratch
 # STUDY_OUTPUTS, outputs/smoke/ is left alone), then tidy them.
@@ -59,7 +61,7 @@ notebooks: env
 	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
 	for nb in $(NOTEBOOKS); do \
 	  echo "== $$nb"; \
-	  STUDY_OUTPUTS=$$scratch $(QUIET) $(PY) -m papermill $$nb $$nb -k python3 --cwd notebooks -p profile smoke \
+	  $(SCRATCH_ENV) $(PY) -m papermill $$nb $$nb -k python3 --cwd notebooks -p profile smoke \
 	    --no-progress-bar --log-level WARNING || exit 1; \
 	done
 	$(PY) notebooks/tidy.py $(NOTEBOOKS)

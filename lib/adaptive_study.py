@@ -10,6 +10,7 @@ from collections import Counter
 import torch
 
 from . import adaptive, checkpoints, engines, modes, runs, study
+from .progress import note, steps
 from .blocks import FixedK, make_policy
 from .config import Profile
 from .heads import GraphedHead
@@ -83,7 +84,7 @@ def k_policy_drafters(profile: Profile, fh, schedule: str) -> dict:
         costs = study.call_costs(profile, ("flash", "dense"))
     except FileNotFoundError as e:
         costs = {}
-        print(f"block policy 'cost' left out of the adaptive study: {e}")
+        note(f"block policy 'cost' left out of the adaptive study: {e}")
     out = {}
     for policy in [modes.GROW] + ([modes.COST] if costs else []):
         for drafter, head in ((f"flash_p{fh.n_probes}", "flash"), ("dense", "dense")):
@@ -105,17 +106,20 @@ def run_drafters(profile: Profile, target, drafts: dict, enc: list, schedule: st
     runs_of.update({name: (drafts[drafter], policy) for name, (drafter, policy) in (k_policies or {}).items()})
     names, sums = list(runs_of), {name: Counter() for name in runs_of}
     choices, probes = {name: Counter() for name in names}, {name: Counter() for name in names}
-    for i, (_, ids) in enumerate(enc):
-        greedy = generate_baseline(target, ids, n, stop).tokens
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            draft, policy = runs_of[name]
-            res = adaptive.generate(target, draft, ids, n, policy(), schedule, stop)
-            blocks = [b for b in res.block_lengths if b > 0]
-            sums[name].update(tokens=res.decode_tokens, ms=res.decode_ms, proposed=res.proposed, k_sum=sum(blocks),
-                              blocks=len(blocks), accepted=res.accepted, rounds=res.rounds, exact=res.tokens == greedy,
-                              samples=1)
-            choices[name].update(res.choices)
-            probes[name].update(dict(enumerate(res.probe_counts)))
+    work = [(i, name) for i in range(len(enc)) for name in names[i % len(names):] + names[:i % len(names)]]
+    greedy = {}
+    for i, name in steps(work, "adaptive study", "runs"):
+        ids = enc[i][1]
+        if i not in greedy:
+            greedy = {i: generate_baseline(target, ids, n, stop).tokens}
+        draft, policy = runs_of[name]
+        res = adaptive.generate(target, draft, ids, n, policy(), schedule, stop)
+        blocks = [b for b in res.block_lengths if b > 0]
+        sums[name].update(tokens=res.decode_tokens, ms=res.decode_ms, proposed=res.proposed, k_sum=sum(blocks),
+                          blocks=len(blocks), accepted=res.accepted, rounds=res.rounds, exact=res.tokens == greedy[i],
+                          samples=1)
+        choices[name].update(res.choices)
+        probes[name].update(dict(enumerate(res.probe_counts)))
     return {name: drafter_stats(sums[name], choices[name], probes[name]) for name in names}
 
 

@@ -1,6 +1,7 @@
 """Timing: CUDA-event clocks (perf_counter on CPU), per-call latency and its statistics."""
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
@@ -116,6 +117,19 @@ def interleaved(fns: dict, warmup: int, iters: int, device) -> dict[str, list[fl
     return out
 
 
+@contextmanager
+def all_cores(device):
+    """On a CPU, every core's intra-op thread for the duration (large batched work such as k-means; the small
+    decoders run on one); elsewhere nothing changes."""
+    before = torch.get_num_threads()
+    if torch.device(device).type == "cpu":
+        torch.set_num_threads(os.cpu_count() or before)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def device_name(device) -> str:
     d = torch.device(device)
     if d.type == "cuda":
@@ -146,6 +160,7 @@ def kernel_breakdown(fn, iters: int, device) -> list[dict]:
     """Where one call of fn spends its time, from the torch profiler over `iters` calls after warm-up:
     per kernel (CUDA; CUDA-graph replays included) or per top-level op (CPU), its launches and microseconds
     per call, largest first (group_kernels adds each one's kind)."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")      # the profiler's own start/stop lines (level 5) are not output
     from torch.profiler import ProfilerActivity, profile
     cuda = torch.device(device).type == "cuda"
     for _ in range(3):

@@ -3,8 +3,10 @@ cache), AWQ int4 checkpoints (transformers' AwqConfig -> gptqmodel) and a GGUF f
 package (converted once to safetensors). The FlashHead checkpoint format has its own module, flash_checkpoint."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
+import io
 import json
 import os
 import shutil
@@ -112,7 +114,8 @@ def _import_gptqmodel():
     keys = ("PYTORCH_ALLOC_CONF", "CUDA_DEVICE_ORDER")
     saved = {k: os.environ.get(k) for k in keys}
     try:
-        import gptqmodel  # noqa: F401
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            import gptqmodel  # noqa: F401 - its banner and environment notes are not the study's output
     except ImportError as e:
         raise ImportError("loading an AWQ checkpoint needs gptqmodel: pip install gptqmodel==7.6.0 "
                           "(pinned in environment.yml)") from e

@@ -9,7 +9,8 @@ All steps are batched torch ops, so the same code clusters 151,936 x 9,496 on a 
 from __future__ import annotations
 
 import torch
-from tqdm import tqdm
+
+from .progress import steps
 
 
 def unit(x: torch.Tensor) -> torch.Tensor:
@@ -101,8 +102,8 @@ def spherical_kmeans(x: torch.Tensor, c: int, iters: int, seed: int = 0, equal: 
         raise ValueError(f"equal-size clustering needs c to divide the row count: {n} rows, c={c}")
     xn = unit(x.float())
     cents = init_centroids(xn, c, seed)
-    steps = range(iters)
-    for _ in tqdm(steps, desc="equal-size k-means" if equal else "k-means") if progress else steps:  # TQDM_DISABLE=1 also hides it
+    rounds = range(iters)
+    for _ in steps(rounds, "equal-size k-means" if equal else "k-means", "iterations") if progress else rounds:
         if equal:
             assign = balanced_assign(xn, cents, n // c, candidates)
         else:

@@ -356,22 +356,46 @@ def known_profiles() -> list[str]:
     return sorted(p.stem for p in PARAMS.glob("*.yaml") if not p.stem.startswith("thesis_"))
 
 
-def load_profile(name_or_path: str) -> Profile:
-    """Read params/<name>.yaml (or a path) into a validated Profile named after its file."""
+def profile_files(name_or_path: str, params: Path = PARAMS, seen: tuple[Path, ...] = ()) -> list[Path]:
+    """The profile's file, then the file it extends (`extends: <profile>`, in params/), and so on."""
     path = Path(name_or_path)
     if not path.suffix:
-        path = PARAMS / f"{name_or_path}.yaml"
+        path = params / f"{name_or_path}.yaml"
     if not path.exists():
         raise ConfigError(f"no profile file {path}; known profiles: {known_profiles()}")
     data = read_yaml(path)
-    if isinstance(data, dict) and "name" in data:
-        if data["name"] != path.stem:
-            raise ConfigError(f"{path.name}: name: {data['name']!r} differs from the file's name {path.stem!r}; "
+    base = data.get("extends") if isinstance(data, dict) else None
+    if base is None:
+        return [path]
+    if not isinstance(base, str):
+        raise ConfigError(f"{path.name}: extends: expected a profile name, got {base!r}")
+    if path in seen:
+        raise ConfigError(f"{seen[0].name}: extends: the chain leads back to {path.name}")
+    return [path, *profile_files(base, params, (*seen, path))]
+
+
+def merged(base: dict, over: dict) -> dict:
+    """`base` with `over`'s keys: mappings merge key by key, any other value (lists too) replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """Read params/<name>.yaml (or a path), on top of the profiles it extends, into a validated Profile named
+    after its file."""
+    files = profile_files(name_or_path)
+    path, data = files[0], {}
+    for f in reversed(files):
+        layer = read_yaml(f)
+        if not isinstance(layer, dict):
+            raise ConfigError(f"{f.name}: expected a mapping, got {type(layer).__name__}")
+        if "name" in layer and layer["name"] != f.stem:
+            raise ConfigError(f"{f.name}: name: {layer['name']!r} differs from the file's name {f.stem!r}; "
                               "a profile is named by its file (drop the name: key)")
-        data = {k: v for k, v in data.items() if k != "name"}
-    if isinstance(data, dict):
-        data = {"name": path.stem, **data}
-    profile = _build(Profile, data, str(path.name))
+        data = merged(data, {k: v for k, v in layer.items() if k not in ("name", "extends")})
+    profile = _build(Profile, {"name": path.stem, **data}, str(path.name))
     _validate(profile, str(path.name))
     return profile
 

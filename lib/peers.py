@@ -31,6 +31,7 @@ from transformers import GenerationConfig
 
 from . import bench, checkpoints, engines, modes
 from .config import Profile
+from .progress import steps
 from .speculative import generate_baseline
 
 
@@ -180,14 +181,12 @@ def run(profile: Profile, enc: list, stop: frozenset, target_model=None) -> dict
     h = Harness(profile, stop, target_model)
     order = [modes.ENGINE_BASELINE, *profile.peers.methods]
     refs = [generate_baseline(h.engine, ids, profile.decode.max_new_tokens, stop).tokens for _, ids in enc]
-    for _ in range(max(1, profile.bench.e2e_warmup)):
-        for method in order:
-            h.measure(method, enc[0][1])
-    rows = []
-    for it in range(profile.bench.e2e_iters):
-        for i, (prompt, ids) in enumerate(enc):
-            r = (it * len(enc) + i) % len(order)
-            rows += [row(m, prompt, ids, it, h.measure(m, ids), refs[i]) for m in order[r:] + order[:r]]
+    for method in steps(order * max(1, profile.bench.e2e_warmup), "peers warm-up", "calls"):
+        h.measure(method, enc[0][1])
+    work = [(it, i, m) for it in range(profile.bench.e2e_iters) for i in range(len(enc))
+            for r in [(it * len(enc) + i) % len(order)] for m in order[r:] + order[:r]]
+    rows = [row(m, enc[i][0], enc[i][1], it, h.measure(m, enc[i][1]), refs[i])
+            for it, i, m in steps(work, "peers study", "calls")]
     return {"config": config(profile, h, stop, [p.question_id for p, _ in enc]), "rows": rows,
             "aggregate": aggregate(rows)}
 

@@ -8,9 +8,9 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tqdm import tqdm
 
 from . import adaptive, modes
+from .progress import note, steps
 from .config import ROOT, Profile, as_dict
 from .blocks import make_policy
 from .speculative import Result, generate_baseline
@@ -48,7 +48,7 @@ def kept_json(profile: Profile, name: str) -> dict | None:
     data = json.loads(path.read_text())
     if data.get("written", {}).get("commit") != commit:
         return None
-    print(f"kept {name}: written by this commit at {data['written']['at']}")
+    note(f"kept {name}: written by this commit at {data['written']['at']}")
     return data
 
 
@@ -173,7 +173,7 @@ def reused_run(out_dir: Path, name: str, config: dict) -> Path:
     differ = config_differences(saved, config)
     if differ:
         raise ValueError(f"reuse={name!r}: that run's {', '.join(differ)} differ from this configuration's")
-    print(f"reusing finished run {name} (measured at commit {saved.get('commit', 'unknown')}; nothing is measured now)")
+    note(f"reusing finished run {name} (measured at commit {saved.get('commit', 'unknown')}; nothing is measured now)")
     return run
 
 
@@ -283,10 +283,11 @@ def record(res: Result, prompt, ids: list[int], it: int, draft: str, schedule: s
 def run_samples(profile: Profile, run: Path, target, drafts: dict, enc: list, keys: list, stop: frozenset,
                 shard: tuple[int, int] = (0, 1), progress: bool = True, costs: dict | None = None) -> None:
     """Warm every mode up on the first prompt (not recorded), then run and append each pending sample."""
-    for mode in mode_order(profile):
-        for _ in range(profile.bench.e2e_warmup):
-            generate(target, drafts, profile, enc[0][1], *mode, stop, costs)
-    for it, i, *mode in tqdm(keys, desc=f"e2e {profile.name}") if progress else keys:  # TQDM_DISABLE=1 also hides it
+    done = len(read_records(run))
+    warm = [mode for mode in mode_order(profile) for _ in range(profile.bench.e2e_warmup)]
+    for mode in steps(warm, "e2e warm-up", "modes") if progress else warm:
+        generate(target, drafts, profile, enc[0][1], *mode, stop, costs)
+    for it, i, *mode in steps(keys, "e2e", "samples", before=done) if progress else keys:
         prompt, ids = enc[i]
         res = generate(target, drafts, profile, ids, *mode, stop, costs)
         append_record(run, record(res, prompt, ids, it, *mode), shard=shard)
@@ -305,7 +306,7 @@ def launch_slurm(profile: Profile, run: Path, question_ids: list[int], shard_fn,
                          **({"slurm_partition": c.partition} if c.partition and cluster == "slurm" else {}))
     jobs = ex.map_array(shard_fn, [profile] * len(shards), [run] * len(shards), shards)
     failed = []
-    for shard, job in zip(shards, tqdm(jobs, desc="shards")):
+    for shard, job in zip(shards, steps(jobs, "shards", "jobs")):
         try:
             job.result()
         except Exception as e:                                                     # noqa: BLE001 - reported below

@@ -8,6 +8,7 @@ import json
 
 from . import modes
 from .config import Profile
+from .progress import steps
 from .sampling import sample_baseline, sample_speculative
 
 FLASH_DRAFTS = ("flash", "flash_full")                                     # drafts whose head is FlashHead
@@ -52,16 +53,17 @@ def run(profile: Profile, target, drafts: dict, enc: list, stop: frozenset) -> l
     """Every (temperature, prompt, mode) once, after warming each mode up on the first prompt. A sample's
     seed depends on its temperature and prompt only, so every mode of one prompt shares its first token."""
     order, s = sampling_modes(profile), profile.sampling
-    for mode in order:
-        for w in range(profile.bench.e2e_warmup):
-            sample_once(profile, target, drafts, enc[0][1], *mode, s.temperatures[0], -1 - w, stop)
+    warm = [(mode, -1 - w) for mode in order for w in range(profile.bench.e2e_warmup)]
+    for mode, seed in steps(warm, "sampling warm-up", "modes"):
+        sample_once(profile, target, drafts, enc[0][1], *mode, s.temperatures[0], seed, stop)
+    work = [(ti, i, mode) for ti in range(len(s.temperatures)) for i in range(len(enc))
+            for mode in order[i % len(order):] + order[:i % len(order)]]    # rotate the mode order per prompt
     out = []
-    for ti, temperature in enumerate(s.temperatures):
-        for i, (prompt, ids) in enumerate(enc):
-            seed = profile.seed + 1000 * ti + i
-            for mode in order[i % len(order):] + order[:i % len(order)]:    # rotate the mode order per prompt
-                res = sample_once(profile, target, drafts, ids, *mode, temperature, seed, stop)
-                out.append(sample_record(res, prompt, mode, temperature, s.top_p, seed))
+    for ti, i, mode in steps(work, "sampling study", "samples"):
+        prompt, ids = enc[i]
+        seed, temperature = profile.seed + 1000 * ti + i, s.temperatures[ti]
+        res = sample_once(profile, target, drafts, ids, *mode, temperature, seed, stop)
+        out.append(sample_record(res, prompt, mode, temperature, s.top_p, seed))
     return out
 
 

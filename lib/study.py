@@ -14,6 +14,7 @@ from . import (bench, checkpoints, clustering as cl, engines, exit_depth, flash_
 from .config import SIDE_STUDIES, Profile, load_profile
 from .heads import DenseHead, GraphedHead
 from .runner import Runner
+from .progress import note, steps
 from .runs import read_json, save_json, update_json  # noqa: F401 - notebook steps
 
 
@@ -94,7 +95,9 @@ def recluster(profile: Profile, progress: bool = True) -> dict:
     W = draft.get_output_embeddings().weight.detach()
     x = W.float()
     assign, cents, seconds = equal_size_clusters(profile, x, progress)
-    assign_u = cl.spherical_kmeans(x, c.n_clusters, c.iterations, profile.seed, False, progress=progress)
+    with bench.all_cores(x.device):
+        assign_u = cl.spherical_kmeans(x, c.n_clusters, c.iterations, profile.seed, False, progress=progress)
+        clustered_on = bench.device_name(x.device)
     sizes = torch.bincount(assign, minlength=c.n_clusters)
     enc = encoded_prompts(profile, tok)
     depth = profile.models.exit_layer                                        # early-exit drafts: their own depth
@@ -106,7 +109,7 @@ def recluster(profile: Profile, progress: bool = True) -> dict:
         "cluster_size": int(W.shape[0] // c.n_clusters), "equal_sizes": bool((sizes == sizes[0]).all()),
         "min_size": int(sizes.min()), "max_size": int(sizes.max()),
         "every_token_once": bool(assign.numel() == W.shape[0] and assign.min() >= 0),
-        "seconds": seconds, "device": bench.device_name(W.device),
+        "seconds": seconds, "device": clustered_on,
         "mean_cosine": cl.objective(x, assign, c.n_clusters),
         "mean_cosine_unconstrained": cl.objective(x, assign_u, c.n_clusters),
         "unconstrained_size_range": [int(s) for s in torch.bincount(assign_u, minlength=c.n_clusters).aminmax()],
@@ -130,7 +133,8 @@ def equal_size_clusters(profile: Profile, x: torch.Tensor, progress: bool = Fals
     c = profile.clustering
     bench.sync(x.device)
     t = time.perf_counter()
-    assign = cl.spherical_kmeans(x, c.n_clusters, c.iterations, profile.seed, True, c.candidates, progress)
+    with bench.all_cores(x.device):
+        assign = cl.spherical_kmeans(x, c.n_clusters, c.iterations, profile.seed, True, c.candidates, progress)
     bench.sync(x.device)
     seconds = time.perf_counter() - t
     return assign, cl.centroids_of(cl.unit(x), assign, c.n_clusters), seconds
@@ -301,7 +305,7 @@ def run_speculative(profile: Profile, launcher: str = "local", target_model=None
     run, resumed = runs.start_or_resume(profile, runs.run_config(profile, qids, device_info(profile)), fresh)
     done = len(runs.read_records(run))
     state = ("reusing finished" if runs.finished(run) else "resuming") if resumed else "new"
-    print(f"{state} run {run.name}" + (f" ({done} samples already recorded)" if resumed else ""))
+    note(f"{state} run {run.name}" + (f" ({done} samples already recorded)" if resumed else ""))
     if launcher == "local":
         run_shard(profile, run, (0, 1), target_model)
     else:
@@ -366,7 +370,7 @@ def divergences(profile: Profile, records: list[dict], target_model) -> list[dic
     W = target_model.get_output_embeddings().weight
     measured: dict[tuple, dict] = {}                                    # (iteration, question, position) -> gaps
     out = []
-    for r in records:
+    for r in steps(records, "divergences", "samples"):
         ref = base.get((r["iteration"], r["question_id"]))
         if r.get("exact_match", True) or ref is None:
             continue

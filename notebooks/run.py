@@ -3,23 +3,29 @@
     python notebooks/run.py PROFILE [--launcher local|slurm] [--fresh]
 
 1. Preflight (`python -m lib.preflight PROFILE`): on failure print its line and exit 2, touching nothing.
-2. Each notebooks/0*.ipynb in order, into $STUDY_OUTPUTS/PROFILE/ (default outputs/PROFILE/):
-   skipped when up to date, i.e. the executed notebook exists and its stamp .stamps/<name>.json records
-   the current sha256 of the profile file, the notebook, every lib/*.py and the earlier notebooks' stamps
-   (so rerunning 01 makes 02-04 stale); --fresh runs everything and passes `fresh=True` to the notebooks.
+2. Each notebooks/0*.ipynb in order, into $STUDY_OUTPUTS/PROFILE/ (default outputs/PROFILE/), skipped when up
+   to date: its stamp .stamps/<name>.json records the sha256 of what it depends on (the profile file and the
+   profiles it extends, the notebook, every lib/ module, the earlier notebooks' stamps, so rerunning 01 makes
+   02-04 stale) and of what it wrote (the executed notebook and every result file it changed). Anything that
+   differs re-runs it, and the terminal says why; --fresh runs everything and passes `fresh=True`.
 3. papermill executes into <name>.running.ipynb, which replaces <name>.ipynb only on success; a failure
    leaves the previous executed notebook alone, renames the staging file to <name>.failed.ipynb, prints
    the error's `ename: evalue` and that path, and exits 1.
+4. While a notebook runs, the terminal shows its progress (notebooks/watch.py reads what lib/progress.py
+   reports); the kernel's own stray output (C++ libraries, banners) goes to .logs/<name>.log instead.
+   At the end: where the results are, the headline numbers of summary.json, and each notebook's time.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,9 +36,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tidy import tidy  # noqa: E402 - notebooks/tidy.py, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from lib.config import profile_files  # noqa: E402 - the profile and those it extends (no model code)
+from watch import Watch, duration  # noqa: E402 - notebooks/watch.py, beside this file
+
 PREFLIGHT = [sys.executable, "-m", "lib.preflight"]
-# Progress bars would land in executed notebooks as stderr outputs and widget state.
-QUIET_ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+# Progress bars would land in executed notebooks as stderr outputs and widget state; the profiler's
+# start/stop lines (kineto, level 5) would land in the terminal and the notebook.
+QUIET_ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+             "KINETO_LOG_LEVEL": "6"}
+BOOKKEEPING = (".stamps", ".logs")                  # the driver's own files under outputs/PROFILE/, never results
 
 
 def outputs_root() -> Path:
@@ -68,30 +81,105 @@ def dependencies(root: Path, profile: str, notebook: Path, out: Path, earlier: l
     """sha256 of everything a notebook's results depend on; an earlier notebook's stamp changes
     whenever it reruns, and a missing stamp is None."""
     stamps = {name: sha256(stamp_path(out, name)) if stamp_path(out, name).exists() else None for name in earlier}
-    return {"profile": sha256(root / "params" / f"{profile}.yaml"),
+    return {"profile": {p.name: sha256(p) for p in profile_files(profile, root / "params")},
             "notebook": sha256(notebook),
-            "lib": {p.name: sha256(p) for p in sorted((root / "lib").glob("*.py"))},
+            "lib": {str(p.relative_to(root / "lib")): sha256(p) for p in sorted((root / "lib").rglob("*.py"))},
             "earlier_stamps": stamps}
 
 
-def up_to_date(out: Path, name: str, deps: dict) -> bool:
-    stamp = stamp_path(out, name)
-    if not (out / f"{name}.ipynb").exists() or not stamp.exists():
-        return False
+def result_files(out: Path) -> dict[str, int]:
+    """Every result file under out/ with its modification time (ns): not the driver's bookkeeping, nor the
+    executed notebooks (each stamp checks its own)."""
+    return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in sorted(out.rglob("*"))
+            if p.is_file() and p.relative_to(out).parts[0] not in BOOKKEEPING
+            and not (p.parent == out and p.suffix == ".ipynb")}
+
+
+def read_stamp(out: Path, name: str) -> dict | None:
     try:
-        return json.loads(stamp.read_text())["dependencies"] == deps
-    except (ValueError, KeyError):
-        return False
+        return json.loads(stamp_path(out, name).read_text())
+    except (OSError, ValueError):
+        return None
 
 
-def write_stamp(out: Path, name: str, deps: dict) -> None:
+def changed_dependency(old: dict, new: dict) -> str:
+    """Which dependency differs, in words."""
+    if old.get("profile") != new["profile"]:
+        return "the profile changed"
+    if old.get("notebook") != new["notebook"]:
+        return "the notebook changed"
+    if old.get("lib") != new["lib"]:
+        before, after = old.get("lib") or {}, new["lib"]
+        names = sorted(n for n in {*before, *after} if before.get(n) != after.get(n))
+        return f"lib/{names[0]} changed" + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
+    earlier = [n for n, h in new["earlier_stamps"].items() if (old.get("earlier_stamps") or {}).get(n) != h]
+    return f"{earlier[0]} ran again since" if earlier else "its dependencies changed"
+
+
+def stale_reason(out: Path, name: str, deps: dict, later: list[str] = ()) -> str:
+    """Why the notebook must run again, or '' when its executed notebook and results are the ones its stamp
+    recorded and nothing it depends on changed. A result file that a later notebook rewrote (and stamped) is
+    that notebook's to check."""
+    stamp = read_stamp(out, name)
+    executed = out / f"{name}.ipynb"
+    if stamp is None or "dependencies" not in stamp:
+        return "no record of an earlier run here"
+    if not executed.exists():
+        return f"{name}.ipynb is missing"
+    if stamp["dependencies"] != deps:
+        return changed_dependency(stamp["dependencies"], deps)
+    if stamp.get("executed_sha256") != sha256(executed):
+        return f"{name}.ipynb is not the one its run wrote"
+    rewritten = {f for n in later for f in ((read_stamp(out, n) or {}).get("results") or {})}
+    for f, h in (stamp.get("results") or {}).items():
+        if f in rewritten:
+            continue
+        if not (out / f).exists():
+            return f"{f} is missing"
+        if sha256(out / f) != h:
+            return f"{f} is not the one its run wrote"
+    return ""
+
+
+def up_to_date(out: Path, name: str, deps: dict, later: list[str] = ()) -> bool:
+    return not stale_reason(out, name, deps, later)
+
+
+def write_stamp(out: Path, name: str, deps: dict, before: dict[str, int] | None = None) -> None:
+    """The stamp: dependencies, the executed notebook's hash, and the hash of each result file the run wrote
+    (new or modified since `before`, result_files when it started; rewritten with the same bytes counts too)."""
     stamp = stamp_path(out, name)
     stamp.parent.mkdir(parents=True, exist_ok=True)
-    record = {"dependencies": deps, "executed_sha256": sha256(out / f"{name}.ipynb"),
+    results = {f: sha256(out / f) for f, t in result_files(out).items() if (before or {}).get(f) != t}
+    record = {"dependencies": deps, "executed_sha256": sha256(out / f"{name}.ipynb"), "results": results,
               "finished": datetime.now(timezone.utc).isoformat()}
     tmp = stamp.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1))
     os.replace(tmp, stamp)
+
+
+@contextlib.contextmanager
+def kernel_output_to(log: Path):
+    """The kernel inherits this process's stdout and stderr descriptors: point them at `log` while it runs (C++
+    libraries and banners write there directly), and yield a stream to the terminal for the driver's lines."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    terminal = os.fdopen(os.dup(saved[0]), "w", buffering=1)
+    with open(log, "ab") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    try:
+        yield terminal
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+        terminal.close()
 
 
 def first_error(exc: BaseException) -> str:
@@ -105,21 +193,28 @@ def first_error(exc: BaseException) -> str:
 
 
 def execute(notebook: Path, out: Path, parameters: dict) -> tuple[str, Path] | None:
-    """Run one notebook into a staging file and move it into place; on failure return
+    """Run one notebook into a staging file and move it into place, showing its progress; on failure return
     (error line, failed notebook) and leave the previous executed notebook untouched."""
     name = notebook.stem
     staging, failed = out / f"{name}.running.ipynb", out / f"{name}.failed.ipynb"
     stamp_path(out, name).unlink(missing_ok=True)        # half-written results are never up to date
     failed.unlink(missing_ok=True)
-    try:
-        papermill.execute_notebook(str(notebook), str(staging), parameters=parameters, kernel_name="python3",
-                                   cwd=str(notebook.parent), progress_bar=False, log_output=False,
-                                   extra_arguments=["--IPKernelApp.log_level=CRITICAL"])   # no kernel log lines
-    except (Exception, KeyboardInterrupt) as e:          # noqa: BLE001 - reported in one line below
-        if not staging.exists():                         # the kernel never started: point at the source
-            return first_error(e), notebook
-        os.replace(staging, failed)
-        return first_error(e), failed
+    log = out / ".logs" / f"{name}.log"
+    log.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory() as tmp, kernel_output_to(log) as terminal:
+        os.environ["STUDY_PROGRESS"] = events = str(Path(tmp) / "progress.jsonl")   # lib/progress.py writes here
+        try:
+            with Watch(name, events, staging, out=terminal):
+                papermill.execute_notebook(str(notebook), str(staging), parameters=parameters, kernel_name="python3",
+                                           cwd=str(notebook.parent), progress_bar=False, log_output=False,
+                                           extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+        except (Exception, KeyboardInterrupt) as e:      # noqa: BLE001 - reported in one line below
+            if not staging.exists():                     # the kernel never started: point at the source
+                return first_error(e), notebook
+            os.replace(staging, failed)
+            return first_error(e), failed
+        finally:
+            del os.environ["STUDY_PROGRESS"]
     tidy(staging, keep_outputs=True)
     os.replace(staging, out / f"{name}.ipynb")
     return None
@@ -133,23 +228,40 @@ def run_all(profile: str, launcher: str, fresh: bool, root: Path = ROOT) -> int:
     logging.getLogger("papermill").setLevel(logging.CRITICAL)
     parameters = {"profile": profile, "launcher": launcher, **({"fresh": True} if fresh else {})}
     notebooks = sorted((root / "notebooks").glob("0*.ipynb"))
+    names = [nb.stem for nb in notebooks]
+    took: dict[str, float | None] = {}
     for i, nb in enumerate(notebooks):
-        deps = dependencies(root, profile, nb, out, [n.stem for n in notebooks[:i]])
-        if not fresh and up_to_date(out, nb.stem, deps):
+        deps = dependencies(root, profile, nb, out, names[:i])
+        reason = "FRESH=1" if fresh else stale_reason(out, nb.stem, deps, names[i + 1:])
+        if not reason:
             print(f"{nb.stem}: up to date, skipped")
+            took[nb.stem] = None
             continue
-        print(f"{nb.stem}: running ...", end=" ", flush=True)
-        t0 = time.perf_counter()
+        print(f"{nb.stem}: running ({reason})", flush=True)
+        t0, before = time.perf_counter(), result_files(out)
         failure = execute(nb, out, parameters)
         if failure:
-            print(f"failed after {time.perf_counter() - t0:.1f} s")
+            print(f"{nb.stem}: failed after {duration(time.perf_counter() - t0)}")
             print(failure[0])
             print(shown(failure[1]))
             return 1
-        write_stamp(out, nb.stem, deps)
-        print(f"done in {time.perf_counter() - t0:.1f} s")
-    print(f"results in {shown(out)}/")
+        write_stamp(out, nb.stem, deps, before)
+        took[nb.stem] = time.perf_counter() - t0
+        print(f"{nb.stem}: done in {duration(took[nb.stem])}")
+    print("\n".join(closing_summary(out, took)))
     return 0
+
+
+def closing_summary(out: Path, took: dict[str, float | None]) -> list[str]:
+    """Where the results are, each notebook's time, and the headline numbers of summary.json."""
+    lines = [f"results in {shown(out)}/",
+             "time: " + " · ".join(f"{n.split('_')[0]} {duration(t) if t is not None else 'skipped'}"
+                                   for n, t in took.items())]
+    summary = out / "summary.json"
+    if summary.exists():
+        from lib.headline import headline
+        lines += headline(json.loads(summary.read_text()))
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,8 +9,9 @@ import tempfile
 import pytest
 import torch
 
-# Tests never write into the checkout's outputs/: results go to a scratch root unless one is set (make test sets one).
+# Tests never write into the checkout's outputs/: results go to a scratch root unless one is set (make test sets one),
 os.environ.setdefault("STUDY_OUTPUTS", tempfile.mkdtemp(prefix="study-test-outputs-"))
+os.environ.setdefault("STUDY_MODELS", tempfile.mkdtemp(prefix="study-test-models-"))   # nor into its models/
 
 from lib.config import Shape, Synthetic
 

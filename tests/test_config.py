@@ -246,3 +246,33 @@ def test_unknown_profile_lists_known_ones():
     msg = str(e.value)
     assert "no_such_profile_xyz" in msg and "known profiles" in msg and "'smoke'" in msg
     assert "thesis_tables" not in msg                     # data file, not a profile
+
+
+# a profile may extend another: mappings merge key by key, other values replace
+
+def test_extends_merges_mappings_and_replaces_other_values(tmp_path):
+    path = write(tmp_path, {"extends": "smoke", "decode": {"k": 3, "modes": ["baseline", "dense"]}})
+    p, base = load_profile(str(path)), load_profile("smoke")
+    assert p.name == "custom_profile" and p.decode.k == 3 and p.decode.modes == ["baseline", "dense"]
+    assert p.decode.max_new_tokens == base.decode.max_new_tokens and p.clustering == base.clustering
+
+
+def test_extends_is_followed_in_the_files_a_profile_reads(tmp_path):
+    from lib.config import PARAMS, profile_files
+    path = write(tmp_path, {"extends": "smoke", "seed": 1})
+    assert profile_files(str(path)) == [path, PARAMS / "smoke.yaml"]
+
+
+def test_extends_an_unknown_profile_or_a_cycle_is_refused(tmp_path):
+    from lib.config import profile_files
+    with pytest.raises(ConfigError, match="no profile file"):
+        load_profile(str(write(tmp_path, {"extends": "no_such_profile"})))
+    (tmp_path / "a.yaml").write_text("extends: b\n")
+    (tmp_path / "b.yaml").write_text("extends: a\n")
+    with pytest.raises(ConfigError, match="leads back"):
+        profile_files("a", tmp_path)
+
+
+def test_extended_profile_still_validates_the_merged_result(tmp_path):
+    msg = load_error(tmp_path, {"extends": "smoke", "decode": {"k": 0}})
+    assert "decode.k must be >= 1" in msg

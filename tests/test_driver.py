@@ -41,7 +41,7 @@ def repo(tmp_path, monkeypatch):
     return tmp_path
 
 
-def stamped(repo: Path, names: list[str]) -> dict:
+def stamped(repo: Path, names: list[str]) -> dict:  # noqa: D103
     """Pretend each notebook ran: executed notebook and stamp; returns the dependencies per name."""
     out = repo / "out" / "p"
     out.mkdir(parents=True, exist_ok=True)
@@ -103,17 +103,21 @@ def test_run_all_executes_then_skips_then_fresh_reruns(repo, capsys):
     out = repo / "out" / "p"
     assert driver.run_all("p", "local", fresh=False, root=repo) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [ln.split(":")[0] for ln in lines[:2]] == ["01_ok", "02_ok"] and "done in" in lines[0]
-    assert lines[-1] == f"results in {driver.shown(out)}/"
-    assert sorted(p.name for p in out.iterdir()) == [".stamps", "01_ok.ipynb", "02_ok.ipynb"]
+    assert lines[:4:2] == ["01_ok: running (no record of an earlier run here)",
+                           "02_ok: running (no record of an earlier run here)"]
+    assert lines[1].startswith("01_ok: done in") and lines[3].startswith("02_ok: done in")
+    assert lines[4] == f"results in {driver.shown(out)}/" and lines[5].startswith("time: 01 ") and len(lines) == 6
+    assert sorted(p.name for p in out.iterdir()) == [".logs", ".stamps", "01_ok.ipynb", "02_ok.ipynb"]
     assert "fresh is False" in (out / "01_ok.ipynb").read_text()
     assert "p local" in (out / "02_ok.ipynb").read_text()
 
     assert driver.run_all("p", "local", fresh=False, root=repo) == 0
-    assert capsys.readouterr().out.splitlines()[:2] == ["01_ok: up to date, skipped", "02_ok: up to date, skipped"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["01_ok: up to date, skipped", "02_ok: up to date, skipped"]
+    assert lines[-1] == "time: 01 skipped · 02 skipped"
 
     assert driver.run_all("p", "local", fresh=True, root=repo) == 0
-    assert "up to date" not in capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines()[0] == "01_ok: running (FRESH=1)"
     assert "fresh is True" in (out / "01_ok.ipynb").read_text()
 
 
@@ -126,13 +130,60 @@ def test_failure_keeps_previous_notebook_and_prints_the_error_in_two_lines(repo,
     lines = capsys.readouterr().out.splitlines()
     failed = out / "01_fail.failed.ipynb"
     assert lines[-2:] == ["ValueError: no such thing", driver.shown(failed)]
-    assert lines[0].startswith("01_fail: running ... failed after")
-    assert len(lines) == 3
+    assert lines[1].startswith("01_fail: failed after")
+    assert len(lines) == 4
     assert (out / "01_fail.ipynb").read_text() == "previous results"
     assert failed.exists() and not (out / "01_fail.running.ipynb").exists()
     assert not driver.stamp_path(out, "01_fail").exists()
     nb = nbformat.read(failed, as_version=4)
     assert any(o.get("ename") == "ValueError" for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+# stamps cover what a notebook wrote: stale results are never reported current
+
+WRITES = "import os, pathlib\nout = pathlib.Path(os.environ['STUDY_OUTPUTS']) / profile\n"
+
+
+@pytest.fixture
+def wrote(repo, capsys):
+    """01 writes a.json and shared.json, 02 rewrites shared.json; both ran once."""
+    notebook(repo / "notebooks" / "01_w.ipynb", WRITES + "(out / 'a.json').write_text('1')\n"
+                                                         "(out / 'shared.json').write_text('from 01')")
+    notebook(repo / "notebooks" / "02_w.ipynb", WRITES + "(out / 'shared.json').write_text('from 02')")
+    assert driver.run_all("p", "local", fresh=False, root=repo) == 0
+    capsys.readouterr()
+    return repo / "out" / "p"
+
+
+def rerun_lines(repo, capsys) -> list[str]:
+    """What the driver says of each notebook on a second run: skipped, or running and why."""
+    assert driver.run_all("p", "local", fresh=False, root=repo) == 0
+    return [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("0") and "done in" not in ln]
+
+
+def test_stamp_records_the_result_files_each_notebook_wrote(wrote, repo, capsys):
+    assert driver.read_stamp(wrote, "01_w")["results"].keys() == {"a.json", "shared.json"}
+    assert driver.read_stamp(wrote, "02_w")["results"].keys() == {"shared.json"}
+    assert rerun_lines(repo, capsys) == ["01_w: up to date, skipped", "02_w: up to date, skipped"]
+
+
+def test_a_changed_result_file_reruns_its_notebook_and_says_why(wrote, repo, capsys):
+    (wrote / "a.json").write_text("restored from another commit")
+    assert rerun_lines(repo, capsys) == ["01_w: running (a.json is not the one its run wrote)",
+                                         "02_w: running (01_w ran again since)"]
+
+
+def test_a_replaced_executed_notebook_or_a_missing_result_reruns(wrote, repo, capsys):
+    (wrote / "02_w.ipynb").write_text("{}")
+    assert rerun_lines(repo, capsys) == ["01_w: up to date, skipped",
+                                         "02_w: running (02_w.ipynb is not the one its run wrote)"]
+    (wrote / "shared.json").unlink()                 # 02's now (it rewrote it): only 02 reruns
+    assert rerun_lines(repo, capsys) == ["01_w: up to date, skipped", "02_w: running (shared.json is missing)"]
+
+
+def test_a_lib_change_is_named(wrote, repo, capsys):
+    (repo / "lib" / "a.py").write_text("x = 2\n")
+    assert rerun_lines(repo, capsys)[0] == "01_w: running (lib/a.py changed)"
 
 
 def test_preflight_failure_stops_before_any_output(repo, monkeypatch, capsys):
@@ -191,3 +242,11 @@ def test_tidy_writes_run_names_and_commits_as_nbval_reads_them(tmp_path):
     assert "e2e-20261126T035422" in nbformat.read(path, as_version=4).cells[0].outputs[0].text
     tidy(path)
     assert nbformat.read(path, as_version=4).cells[0].outputs[0].text == "run runs/e2e-RUN (commit HASH)\n"
+
+
+def test_make_test_writes_results_and_models_to_scratch_only():
+    makefile = (ROOT / "Makefile").read_text()
+    scratch = next(line for line in makefile.splitlines() if line.startswith("SCRATCH_ENV"))
+    assert "STUDY_OUTPUTS=$$scratch/" in scratch and "STUDY_MODELS=$$scratch/" in scratch
+    recipe = makefile.split("\ntest: env\n")[1].split("\n\n")[0]
+    assert recipe.count("$(SCRATCH_ENV) $(PY) -m pytest") == 2
