@@ -33,7 +33,8 @@ def running_cell(staging: Path) -> str:
     for i, c in enumerate(cells):
         if c.get("metadata", {}).get("papermill", {}).get("status") == "running":
             src = "".join(c.get("source", "")).strip().splitlines()
-            first = next((line for line in src if not line.startswith("#")), src[0] if src else "")
+            work = [ln for ln in src if not ln.startswith(("#", "from ", "import "))]   # the line that does the work
+            first = (work or src or [""])[0]
             return f"cell {i}: {first[:70]}"
     return ""
 
