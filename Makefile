@@ -4,16 +4,19 @@
 #   h100awq  the h100 pair with the 32B-shaped target as AWQ int4 (gptqmodel marlin; needs its wheels on the GPU)
 #   two_gpu  the h100 pair on two GPUs of one host, adding the pipelined schedule
 #   two_gpu_awq  two_gpu with h100awq's int4 target (marlin) on GPU 0
-#   smollm2  real weights on a CPU: SmolLM2-135M as target, its first layers as early-exit drafts (the default; ~28 min)
+#   smollm2  real weights on a CPU: SmolLM2-135M as target, its first layers as early-exit drafts (the default;
+#            sized for a first run: about 8 minutes on 2 cores)
+#   smollm2_full  the smollm2 study at full size: adaptive drafts, block-length policies, every side study
 #   thesis   the real checkpoints and Spec-Bench prompts (make data first)
 # Targets:
 #   make env        build .venv from environment.yml (every other target does this first)
 #   make reproduce  run the notebooks into outputs/PROFILE/ (notebooks/run.py), skipping up-to-date ones
-#   make test       unit tests + nbval on the committed notebooks; writes only to a scratch STUDY_OUTPUTS
+#   make test       unit tests + nbval on the committed notebooks; writes only to scratch (results and models)
 #   make notebooks  re-execute the committed notebooks on smoke in place (nbval references), tidy them
 #   make data       fetch Spec-Bench's question file (thesis profile)
 #   make lab        JupyterLab on the same environment; prints its URL with the token
-# Variables: PROFILE=smollm2 (a profile above), FRESH=1 (rerun every notebook, new e2e run), LAUNCHER=local|slurm
+# Variables: PROFILE=smollm2 (a profile above), FRESH=1 (rerun every notebook, new e2e run), LAUNCHER=local|slurm,
+#   RESUME_ANY_COMMIT=1 (resume an unfinished e2e run although other code started it)
 PROFILE ?= smollm2
 LAUNCHER ?= local
 FRESH ?=

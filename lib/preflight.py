@@ -1,6 +1,6 @@
-"""Checks before any model work or disk write: the profile parses, its devices exist, its inputs are on
-this machine and there is room on disk for what it will write. `python -m lib.preflight PROFILE` prints
-one line and exits 2 when a check fails (make reproduce runs it first)."""
+"""Checks before any model work or disk write: the profile parses, its devices exist, a STUDY_COMMIT claim
+matches the code, its inputs are on this machine and there is room on disk for what it will write.
+`python -m lib.preflight PROFILE` prints one line and exits 2 when a check fails (make reproduce runs it first)."""
 from __future__ import annotations
 
 import shutil
@@ -107,9 +107,19 @@ def check_inputs(profile: Profile) -> None:
             raise PreflightError(" ".join(str(e).split())) from None
 
 
+def check_commit_claim() -> None:
+    """A STUDY_COMMIT that does not match this tree's code stops the run before it writes results under it."""
+    from .runs import git_commit
+    try:
+        git_commit()
+    except ValueError as e:
+        raise PreflightError(str(e)) from None
+
+
 def check(profile: Profile) -> None:
     """Every check, cheapest first; raises PreflightError naming what is wrong."""
     check_devices(profile)
+    check_commit_claim()
     check_inputs(profile)
     check_disk(profile)
 

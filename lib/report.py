@@ -36,7 +36,14 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
 
 def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     """One row per mode. Decode tok/s = sum of decode tokens / sum of decode time (thesis 4.2);
-    acceptance = accepted / proposed; mean emitted = (accepted + rounds) / rounds."""
+    acceptance = accepted / proposed; mean emitted = (accepted + rounds) / rounds.
+
+    Engine overhead is the share of decode time outside model and head calls, 1 - model_call_ms / decode_ms,
+    clamped at 0: where calls overlap (the pipelined schedule's target append runs beside the draft on its
+    own stream) their summed time can exceed the wall time, and the clamped value is then a lower bound.
+    The overlap is reported beside it: overlap_ms = max(model_call_ms - decode_ms, 0), the least call time
+    that ran beside other calls (the spans record sums, not the union of their intervals), and
+    overlap_frac = overlap_ms / decode_ms."""
     g = df.groupby("mode", sort=False)
     parts = g[["draft", "schedule", "k_policy"]].first()
     s = g[["decode_tokens", "decode_ms", "accepted", "proposed", "rounds", "verify_calls", "append_calls", "skipped",
@@ -57,7 +64,10 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
         "initial_ms": s.initial_ms, "draft_ms": s.draft_ms, "verify_ms": s.verify_ms, "finalize_ms": s.finalize_ms,
         "draft_body_ms": s.call_draft_body_ms, "draft_head_ms": s.call_draft_head_ms, "transfer_ms": s.transfer_ms,
         "exact_match_rate": g.exact_match.mean(),
-        "engine_overhead_frac": 1 - s.model_call_ms / s.decode_ms,
+        "model_call_ms": s.model_call_ms, "target_call_ms": s.call_target_ms,
+        "engine_overhead_frac": (1 - s.model_call_ms / s.decode_ms).clip(lower=0),
+        "overlap_ms": (s.model_call_ms - s.decode_ms).clip(lower=0),
+        "overlap_frac": (s.model_call_ms - s.decode_ms).clip(lower=0) / s.decode_ms,
     })
     for phase in ("initial", "draft", "verify", "finalize"):
         out[phase + "_share"] = out[phase + "_ms"] / out.decode_total_ms
@@ -283,8 +293,9 @@ def run_source(profile: Profile, run: Path) -> dict:
     """Which run a summary or table comes from: its directory (relative to the profile's outputs) and
     the commit it ran at, from its config.json."""
     cfg = json.loads((Path(run) / "config.json").read_text())
+    wrote = [cfg.get("commit", "unknown"), *(r.get("commit", "unknown") for r in cfg.get("resumed", []))]
     return {"run": str(Path(run).relative_to(profile.out_dir)), "run_commit": cfg.get("commit", "unknown"),
-            "run_started": cfg.get("started")}
+            "run_started": cfg.get("started"), "sample_commits": list(dict.fromkeys(wrote))}   # each resume's too
 
 
 def summary(profile: Profile, device: str, clus: dict, micro: dict, agg: pd.DataFrame, run: Path,
@@ -294,7 +305,7 @@ def summary(profile: Profile, device: str, clus: dict, micro: dict, agg: pd.Data
     e2e = {}
     for m, r in agg.iterrows():
         e2e[m] = {k: _num(r[k]) for k in ("decode_tok_s", "ttft_ms", "acceptance", "mean_emitted", "verify_calls",
-                                          "append_calls", "exact_match_rate", "engine_overhead_frac", "samples",
+                                          "append_calls", "exact_match_rate", "engine_overhead_frac", "overlap_frac", "samples",
                                           "ms_per_round", "draft_share", "verify_share", "finalize_share",
                                           "transfer_ms")}
     out = {
@@ -309,11 +320,29 @@ def summary(profile: Profile, device: str, clus: dict, micro: dict, agg: pd.Data
         "microbench_commit": micro.get("written", {}).get("commit", "not recorded"),   # head and model_step
         "e2e": e2e,
     }
+    cost = cost_model_section(profile, micro, agg, extra)
+    if cost:
+        out["cost_model"] = cost
     if profile.models.source == "gguf":
         out.update(model_file=profile.models.gguf_file, model_sha256=profile.models.gguf_sha256,
                    exit_layer=profile.models.exit_layer)
     out.update(extra or {})
     return out
+
+
+def cost_model_section(profile: Profile, micro: dict, agg: pd.DataFrame, extra: dict | None = None) -> dict:
+    """summary.json's `cost_model`: per mode the cost model checks (lib/costmodel.py model_check: fixed K,
+    a measured draft step), the predicted and measured decode tok/s and their ratio, with the measured share
+    of rounds whose verify call was skipped. Needs notebook 03's target_step.json (from `extra`, else the
+    file); empty without it."""
+    from .costmodel import summary_section
+    ts = (extra or {}).get("target_step")
+    path = profile.out_dir / "target_step.json"
+    if ts is None and path.exists():
+        ts = json.loads(path.read_text())
+    if not ts or "verify_ms" not in ts or "model_step" not in micro:
+        return {}
+    return {"k": profile.decode.k, "modes": summary_section(agg, micro, ts, profile.decode.k)}
 
 
 def acceptance_note(profile: Profile) -> str:

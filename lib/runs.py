@@ -62,19 +62,48 @@ def update_json(profile: Profile, name: str, data: dict) -> dict:
     return merged
 
 
+def git(*args: str, env: dict | None = None) -> str:
+    """A git command in the checkout; its stdout (CalledProcessError or OSError when it fails)."""
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True,
+                          env={**os.environ, **(env or {})}).stdout.strip()
+
+
+CODE = ("lib", "notebooks")                                            # what a commit claim is checked on
+
+
+def tree_matches(commit: str, paths=CODE) -> bool:
+    """Whether this tree's files under `paths` (tracked or not, less the ignored ones) are exactly `commit`'s:
+    their git tree hashes, through a scratch index (the checkout's own index and files are left alone)."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git("read-tree", commit, env=env)
+        git("add", "--all", "--", *paths, env=env)
+        return all(git("write-tree", f"--prefix={p}/", env=env) == git("rev-parse", f"{commit}:{p}") for p in paths)
+
+
 def git_commit() -> str:
     """The checkout's commit, with '+dirty' when tracked files differ from it ('unknown' outside git).
     STUDY_COMMIT, where set, names it instead: a copy of the tree whose git metadata is not its own (a remote
-    GPU machine given the working tree) would otherwise report the wrong commit."""
-    if os.environ.get("STUDY_COMMIT"):
-        return os.environ["STUDY_COMMIT"]
+    GPU machine given the working tree) would otherwise report the wrong commit. It is honoured only when
+    lib/ and notebooks/ are exactly that commit's; a claim that is wrong or cannot be checked is refused."""
+    claimed = os.environ.get("STUDY_COMMIT")
+    if claimed:
+        try:
+            ok = tree_matches(claimed.removesuffix("+dirty"))
+        except (OSError, subprocess.CalledProcessError):
+            raise ValueError(f"STUDY_COMMIT={claimed}: not a commit this checkout's git history knows, so the "
+                             "claim cannot be checked; unset it") from None
+        if not ok and not claimed.endswith("+dirty"):
+            raise ValueError(f"STUDY_COMMIT={claimed}: lib/ or notebooks/ differ from that commit's; unset it "
+                             "or commit the changes")
+        return claimed
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!outputs"],
-                               cwd=ROOT, capture_output=True, text=True, check=True)     # results do not count
+        head = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!outputs")  # results do not count
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    return head + ("+dirty" if dirty else "")
 
 
 def clean_commit() -> str | None:
@@ -155,13 +184,25 @@ def config_differences(saved: dict, config: dict) -> list[str]:
     return [k for k in ("profile", "device", "prompts") if a.get(k) != b.get(k)]
 
 
+class ResumeRefused(RuntimeError):
+    """An unfinished run of this configuration was started by other code than this checkout's."""
+
+
 def resumable_run(out_dir: Path, config: dict) -> Path | None:
     """The latest run of the same configuration that is unfinished, or finished at this very commit (a clean
-    one: its samples are what this code would measure), if any."""
+    one: its samples are what this code would measure), if any. An unfinished one started at another commit
+    (or by uncommitted code) would mix code versions in one run: refused, unless RESUME_ANY_COMMIT=1."""
     commit = clean_commit()
     same = [p for p in runs_of(out_dir) if (not finished(p) or commit is not None and run_commit(p) == commit) and
             not config_differences(json.loads((p / "config.json").read_text()), config)]
-    return same[-1] if same else None
+    if not same:
+        return None
+    run, started = same[-1], run_commit(same[-1])
+    if not finished(run) and (commit is None or started != commit) and os.environ.get("RESUME_ANY_COMMIT") != "1":
+        raise ResumeRefused(f"run {run.name} was started at commit {started}, this checkout is {git_commit()}: "
+                            "resuming would mix code versions; FRESH=1 starts a new run (RESUME_ANY_COMMIT=1 "
+                            "resumes it anyway)")
+    return run
 
 
 def reused_run(out_dir: Path, name: str, config: dict) -> Path:

@@ -11,6 +11,15 @@ from lib import runs, study
 from lib.config import Slurm, load_profile
 
 pytest.importorskip("submitit")
+REAL_TREE_MATCHES = runs.tree_matches
+
+
+@pytest.fixture(autouse=True)
+def clean_commit(monkeypatch):
+    """Every test here runs as if at one clean commit (resuming is refused across commits, and a dirty
+    development tree would be one); STUDY_COMMIT claims are taken as they are unless a test checks them."""
+    monkeypatch.setenv("STUDY_COMMIT", "abc123")
+    monkeypatch.setattr(runs, "tree_matches", lambda commit, paths=runs.CODE: True)
 
 
 @pytest.fixture
@@ -202,3 +211,83 @@ def test_a_missing_flash_checkpoint_is_rebuilt_without_redoing_notebook_01(profi
     again = read_flash_checkpoint(profile.flash_dir)
     assert torch.equal(first[2], again[2]) and torch.equal(first[1], again[1]) and first[0] == again[0]
     assert (profile.out_dir / "clustering.json").read_text() == measured
+
+
+# resuming never mixes code versions; a commit claim is checked against the tree
+
+def interrupted_run(profile, monkeypatch):
+    """A run of `profile` stopped by Ctrl-C after two samples."""
+    import lib.runs
+    real, calls = lib.runs.append_record, []
+
+    def dies_after_two(run, rec, shard=(0, 1)):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(rec)
+        real(run, rec, shard)
+    monkeypatch.setattr(lib.runs, "append_record", dies_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        study.run_speculative(profile)
+    monkeypatch.setattr(lib.runs, "append_record", real)
+    (run,) = runs.runs_of(profile.out_dir)
+    return run
+
+
+@pytest.mark.parametrize("later", ["def456", "abc123+dirty"])
+def test_resuming_a_run_started_at_another_commit_is_refused_in_one_line(profile, monkeypatch, later):
+    run = interrupted_run(profile, monkeypatch)
+    monkeypatch.setenv("STUDY_COMMIT", later)
+    with pytest.raises(runs.ResumeRefused) as e:
+        study.run_speculative(profile)
+    msg = str(e.value)
+    assert "\n" not in msg and run.name in msg and "abc123" in msg and later in msg and "FRESH=1" in msg
+    assert len(runs.read_records(run)) == 2                                     # left as it was
+    assert study.run_speculative(profile, fresh=True) != run                    # FRESH=1 is the way out
+
+
+def test_resume_across_commits_when_asked_and_the_summary_names_every_commit(profile, monkeypatch):
+    from lib import report
+    run = interrupted_run(profile, monkeypatch)
+    monkeypatch.setenv("STUDY_COMMIT", "def456")
+    monkeypatch.setenv("RESUME_ANY_COMMIT", "1")
+    assert study.run_speculative(profile) == run and runs.finished(run)
+    assert report.run_source(profile, run)["sample_commits"] == ["abc123", "def456"]
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A git repository with lib/ and notebooks/ committed; runs' git commands run in it."""
+    import subprocess
+    root = tmp_path / "repo"
+    for f, text in {"lib/a.py": "x = 1\n", "notebooks/n.ipynb": "{}\n", ".gitignore": "__pycache__/\n",
+                    "README.md": "r\n"}.items():
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        (root / f).write_text(text)
+    git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=root,
+                                    check=True, capture_output=True, text=True).stdout.strip()
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "c")
+    monkeypatch.setattr(runs, "ROOT", root)
+    monkeypatch.setattr(runs, "tree_matches", REAL_TREE_MATCHES)
+    return root, git("rev-parse", "HEAD")
+
+
+def test_a_commit_claim_is_honoured_only_when_lib_and_notebooks_are_that_commits(repo, monkeypatch):
+    root, head = repo
+    monkeypatch.setenv("STUDY_COMMIT", head)
+    (root / "README.md").write_text("changed\n")                               # not code: still that commit
+    (root / "lib" / "__pycache__").mkdir()
+    (root / "lib" / "__pycache__" / "a.pyc").write_text("ignored")
+    assert runs.git_commit() == head
+    (root / "lib" / "new.py").write_text("y = 2\n")                             # untracked code counts
+    with pytest.raises(ValueError, match=f"STUDY_COMMIT={head}: lib/ or notebooks/ differ"):
+        runs.git_commit()
+    (root / "lib" / "new.py").unlink()
+    (root / "notebooks" / "n.ipynb").write_text("{ }\n")
+    with pytest.raises(ValueError, match="differ from that commit's"):
+        runs.git_commit()
+    assert runs.git("diff", "--cached", "--name-only") == ""                    # the checkout's index untouched
+    monkeypatch.setenv("STUDY_COMMIT", "0" * 40)
+    with pytest.raises(ValueError, match="cannot be checked"):
+        runs.git_commit()

@@ -79,3 +79,11 @@ def test_awq_target_is_counted_at_its_packed_size(monkeypatch, tmp_path):
     need = preflight.disk_needed(awq)
     assert 19e9 < need - preflight.disk_needed(bf16) < 20e9                  # the 19.3 GB int4 checkpoint
     assert need * preflight.HEADROOM < 60 * 2**30                             # fits the GPU machine's 64 GB disk
+
+
+def test_a_wrong_commit_claim_stops_before_any_work(monkeypatch):
+    from lib import preflight, runs
+    monkeypatch.setenv("STUDY_COMMIT", "0" * 40)
+    monkeypatch.setattr(runs, "tree_matches", lambda commit, paths=runs.CODE: False)
+    with pytest.raises(preflight.PreflightError, match="lib/ or notebooks/ differ from that commit's"):
+        preflight.check_commit_claim()
