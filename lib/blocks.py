@@ -6,8 +6,9 @@ leave the output equal to greedy decoding; only the rounds change.
   grow   Hugging Face's assisted-generation heuristic: K += 2 after a fully accepted round, K -= 1
          otherwise, at least 1 (and at most k_max).
   cost   the K that maximises expected tokens per millisecond under the study's cost model: E[R](a, K) /
-         (T_p(K or K+1) + K T_q + T_o), with a the running acceptance estimate (a Beta(1,1) prior on the
-         counts so far) and the per-call costs measured in notebooks 02-03.
+         ((1 - s) T_p(K or K+1) + K T_q + T_o), with a the running estimate of the per-token acceptance,
+         s = 1 - a the chance that the ordinary schedule skips the verify call (0 when deferred), and the
+         per-call costs measured in notebooks 02-03.
 """
 from __future__ import annotations
 
@@ -36,21 +37,34 @@ class GrowK(FixedK):
 
 
 class CostK(FixedK):
+    """The cost model's K, at the posterior-mean per-token acceptance alpha (the probability that the
+    target accepts a proposal it judges; costmodel.expected_emitted's alpha). The target judges a round's
+    proposals only up to the first rejection: a round of K proposals with a accepted judged a + 1 of them
+    if a < K (the last one rejected, including the ordinary schedule's early skip: 1 judged, 0 accepted)
+    and K if a = K; the proposals after a rejection say nothing. So alpha is estimated as accepted /
+    judged (with a Beta(1, 1) prior), not accepted / proposed, which counts the unjudged ones as failures
+    and underestimates it (0.70 accepted / proposed at K = 6 is a per-token rate near 0.9)."""
+
     def __init__(self, k: int, k_max: int, costs: dict, schedule: str):
         self.k, self.k_max, self.costs, self.schedule = k, k_max, costs, schedule
-        self.accepted = self.proposed = 0
+        self.accepted = self.judged = 0
+
+    def alpha(self) -> float:
+        """Posterior mean of the per-token acceptance under a Beta(1, 1) prior."""
+        return (self.accepted + 1) / (self.judged + 2)
 
     def next(self) -> int:
-        from .costmodel import expected_emitted, tpot_ms
-        # Expected tokens per ms for each K, at the posterior-mean acceptance of the rounds so far.
-        alpha = (self.accepted + 1) / (self.proposed + 2)
-        rate = {k: 1 / tpot_ms(self.costs, k, expected_emitted(alpha, k), self.schedule) for k in range(1, self.k_max + 1)}
+        from .costmodel import expected_emitted, skip_share, tpot_ms
+        alpha = self.alpha()                                               # expected tokens per ms for each K
+        skip = skip_share(alpha, self.schedule)
+        rate = {k: 1 / tpot_ms(self.costs, k, expected_emitted(alpha, k), self.schedule, skip)
+                for k in range(1, self.k_max + 1)}
         self.k = max(rate, key=rate.get)
         return self.k
 
     def update(self, proposed: int, accepted: int) -> None:
-        self.proposed += proposed
         self.accepted += accepted
+        self.judged += accepted + (accepted < proposed)                  # up to and including the first rejection
 
 
 def make_policy(name: str, k: int, k_max: int, schedule: str, costs: dict | None = None):

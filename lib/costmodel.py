@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from . import modes
-from .modes import DEFERRED, ORDINARY
+from .modes import DEFERRED, ORDINARY, PIPELINED
 from .report import thesis_numbers
 
 
@@ -28,30 +28,101 @@ def call_costs(micro: dict, target_step: dict, draft: str = "flash") -> dict:
             "T_q": micro["model_step"]["flash" if draft == "flash" else "dense"]["mean_ms"]}
 
 
-def tpot_ms(costs: dict, k: int, emitted: float, schedule: str) -> float:
-    """TPOT ~ (T_p(K) + K*T_q + T_o) / E[R]; T_o is the single-token append (ordinary, pipelined served
-    serially) or nothing (deferred, whose verify batch carries one more token: T_p(K+1))."""
+def tpot_ms(costs: dict, k: int, emitted: float, schedule: str, skip: float = 0.0) -> float:
+    """TPOT ~ ((1 - s) T_p(K) + K*T_q + T_o) / E[R]; T_o is the single-token append (ordinary; pipelined,
+    whose append runs beside the next proposal, charges max(K*T_q, T_o) for the two) or nothing (deferred,
+    whose verify batch carries one more token: T_p(K+1)). s is the share of rounds without a verify call:
+    the ordinary schedule skips it when the first proposal disagrees with the pending prediction, which
+    happens with probability 1 - alpha at per-token acceptance alpha (skip_share); in the deferred schedule
+    only the first round of a generation can skip. Pass the measured share (skipped / rounds) or the
+    expectation; 0 charges a verify every round."""
     tp, tq = costs["T_p"], costs["T_q"]
     if schedule == modes.BASELINE:
         return tp[1]
-    verify = tp[min(k + 1, max(tp))] if schedule == DEFERRED else tp[k]
+    verify = (1 - skip) * (tp[min(k + 1, max(tp))] if schedule == DEFERRED else tp[k])
     append = 0.0 if schedule == DEFERRED else tp[1]
-    return (verify + k * tq + append) / emitted
+    prepare = max(k * tq, append) if schedule == PIPELINED else k * tq + append
+    return (verify + prepare) / emitted
+
+
+def skip_share(alpha: float, schedule: str) -> float:
+    """Expected share of rounds whose verify call is skipped at per-token acceptance alpha: 1 - alpha in the
+    ordinary and pipelined schedules (the first proposal rejected against the pending prediction), 0 in the
+    deferred schedule (only its first round has a pending prediction)."""
+    return 0.0 if schedule == DEFERRED else 1 - alpha
+
+
+def per_token_acceptance(emitted: float, k: int) -> float:
+    """The per-token acceptance alpha with expected_emitted(alpha, k) == emitted (1 <= emitted <= k + 1)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):                                                  # expected_emitted rises with alpha
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_emitted(mid, k) < emitted else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _checked(agg: pd.DataFrame):
+    """The modes the cost model can be checked on: a measured step cost and a fixed K."""
+    for mode, r in agg.iterrows():
+        if r.draft in (modes.BASELINE, *COSTED) and r.k_policy == modes.FIXED:
+            yield mode, r
+
+
+def measured_skip(r) -> float:
+    """The share of a mode's rounds without a verify call (skipped / rounds; 0 for the baseline)."""
+    return float(r.skipped / r.rounds) if r.schedule != modes.BASELINE and r.rounds > 0 else 0.0
 
 
 def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd.DataFrame:
-    """Measured decode tok/s beside the cost model fed with the measured mean emitted per round."""
+    """Measured decode tok/s beside the cost model fed with the measured mean emitted per round and the
+    measured share of rounds whose verify call was skipped (skipped / rounds), plus the per-token share
+    of the initial step (draft prefill and first append)."""
     rows = []
-    for mode, r in agg.iterrows():
-        if r.draft not in (modes.BASELINE, *COSTED) or r.k_policy != modes.FIXED:
-            continue                                                     # no measured step cost, or no fixed K
+    for mode, r in _checked(agg):
         em = 1.0 if r.schedule == modes.BASELINE else r.mean_emitted
         tokens = r.decode_tok_s * r.decode_total_ms / 1000
         initial = r.initial_ms / tokens                                  # I: draft prefill + first append, per token
-        pred = 1000 / (tpot_ms(call_costs(micro, target_step, r.draft), k, em, r.schedule) + initial)
-        rows.append({"mode": mode, "measured tok/s": r.decode_tok_s, "model tok/s": pred,
-                     "model / measured": pred / r.decode_tok_s})
+        skip = measured_skip(r)
+        pred = 1000 / (tpot_ms(call_costs(micro, target_step, r.draft), k, em, r.schedule, skip) + initial)
+        rows.append({"mode": mode, "schedule": r.schedule, "skip share": skip, "measured tok/s": r.decode_tok_s,
+                     "model tok/s": pred, "model / measured": pred / r.decode_tok_s})
     return pd.DataFrame(rows).set_index("mode")
+
+
+def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd.DataFrame:
+    """Where the model and the run part, per round (ms): the measured draft phase against K*T_q, the
+    measured verify phase against the model's (1 - skip share) T_p, the measured append (finalize) against
+    T_o per round, and the decode time outside the timed phases (host work, and the pipelined schedule's
+    wait for its append). The model's per-call costs are notebook 02's isolated draft step and notebook 03's
+    isolated target call; the last four columns set the run's own calls beside them: draft ms per proposed
+    token (its model and head calls) against T_q, and target ms per call (verify and append calls) against
+    the model's mix of T_p(K or K+1) and T_p(1) for the same calls."""
+    rows = []
+    for mode, r in _checked(agg):
+        if r.schedule == modes.BASELINE or not r.rounds:
+            continue
+        c, n = call_costs(micro, target_step, r.draft), r.rounds
+        skip = measured_skip(r)
+        verify = c["T_p"][min(k + 1, max(c["T_p"]))] if r.schedule == DEFERRED else c["T_p"][k]
+        spans = r.initial_ms + r.draft_ms + r.verify_ms + (0 if r.schedule == PIPELINED else r.finalize_ms)
+        target_calls = r.verify_calls + r.append_calls
+        rows.append({"mode": mode, "measured ms/round": r.ms_per_round,
+                     "draft": r.draft_ms / n, "model draft": k * c["T_q"],
+                     "verify": r.verify_ms / n, "model verify": (1 - skip) * verify,
+                     "finalize": r.finalize_ms / n, "model finalize": 0.0 if r.schedule == DEFERRED else c["T_p"][1],
+                     "initial": r.initial_ms / n, "untimed": (r.decode_total_ms - spans) / n,
+                     "draft ms/token": (r.draft_body_ms + r.draft_head_ms) / (r.mean_block * n), "T_q": c["T_q"],
+                     "target ms/call": r.target_call_ms / target_calls,
+                     "model target ms/call": (r.verify_calls * verify + r.append_calls * c["T_p"][1]) / target_calls})
+    return pd.DataFrame(rows).set_index("mode")
+
+
+def summary_section(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> dict:
+    """summary.json's `cost_model`: per checked mode, predicted and measured decode tok/s and their ratio."""
+    check = model_check(agg, micro, target_step, k)
+    return {m: {"schedule": r["schedule"], "skip_share": float(r["skip share"]),
+                "predicted_tok_s": float(r["model tok/s"]), "measured_tok_s": float(r["measured tok/s"]),
+                "ratio": float(r["model / measured"])} for m, r in check.iterrows()}
 
 
 def thesis_emitted(k: int) -> dict[str, dict[str, float]]:
@@ -69,14 +140,16 @@ def thesis_emitted(k: int) -> dict[str, dict[str, float]]:
 
 def projections(micro: dict, target_step: dict, k: int) -> pd.DataFrame:
     """PROJECTED decode tok/s on this machine's measured per-call costs for the thesis's acceptance
-    statistics. Leaves out the per-sample initial step. Projections, not measurements."""
+    statistics (the ordinary schedule's skipped verify calls at the per-token acceptance that gives the mean
+    emitted). Leaves out the per-sample initial step. Projections, not measurements."""
     rows = []
     for src, em in thesis_emitted(k).items():
         row = {"thesis statistics": src,
                modes.BASELINE: 1000 / tpot_ms(call_costs(micro, target_step), k, 1, modes.BASELINE)}
         for draft in ("dense", "flash"):
             for schedule in (ORDINARY, DEFERRED):
-                cost = tpot_ms(call_costs(micro, target_step, draft), k, em[draft], schedule)
+                skip = skip_share(per_token_acceptance(em[draft], k), schedule)
+                cost = tpot_ms(call_costs(micro, target_step, draft), k, em[draft], schedule, skip)
                 row[modes.name(draft, schedule)] = 1000 / cost
         rows.append(row)
     return pd.DataFrame(rows).set_index("thesis statistics")

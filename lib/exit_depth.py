@@ -9,7 +9,7 @@ import pandas as pd
 import torch
 
 from . import bench
-from .costmodel import expected_emitted, tpot_ms
+from .costmodel import expected_emitted, skip_share, tpot_ms
 from .modes import DEFERRED, ORDINARY
 from .runner import Runner
 from .speculative import generate_baseline
@@ -83,7 +83,7 @@ def depth_table(agree: dict, n_layers: int, k: int, costs: dict) -> pd.DataFrame
         em = expected_emitted(alpha, k)
         rows.append({"exit_layer": n, "acceptance": alpha, "simulated_emitted": 1 + float(np.mean(rounds)),
                      "expected_emitted": em, "draft_step": step["T_q"] / T1,
-                     **{f"speedup_{s}": T1 / tpot_ms(step, k, em, s) for s in (ORDINARY, DEFERRED)}})
+                     **{f"speedup_{s}": T1 / tpot_ms(step, k, em, s, skip_share(alpha, s)) for s in (ORDINARY, DEFERRED)}})
     return pd.DataFrame(rows).set_index("exit_layer")
 
 

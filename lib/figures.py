@@ -35,7 +35,7 @@ def by_schedule(agg: pd.DataFrame) -> dict[str, pd.DataFrame]:
 def panels(groups: dict, width: float = 4.6, per_row: float = 0.32):
     """One panel per schedule side by side, tall enough for the longest panel's rows."""
     rows = max(len(g) for g in groups.values())
-    fig, axes = plt.subplots(1, len(groups), figsize=(2.6 + width * len(groups), 1.4 + per_row * rows),
+    fig, axes = plt.subplots(1, len(groups), figsize=(2.6 + width * len(groups), max(2.8, 1.4 + per_row * rows)),
                              sharex=True, squeeze=False)
     return fig, list(axes[0])
 
@@ -115,7 +115,7 @@ def throughput(df: pd.DataFrame, agg: pd.DataFrame, groups: dict, path: Path) ->
         ax.set(title=schedule, xlabel="decode tok/s", ylabel="")
     same_rows(axes, groups)
     if base is not None:
-        axes[-1].legend(loc="lower right", fontsize=8)
+        axes[-1].legend(bbox_to_anchor=(1.01, 1), loc="upper left", fontsize=8)
     fig.suptitle("Per-sample decode throughput")
     return _save(fig, path)
 

@@ -34,9 +34,11 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
     return df
 
 
-def aggregate(df: pd.DataFrame) -> pd.DataFrame:
+def aggregate(df: pd.DataFrame, kernels: dict | None = None) -> pd.DataFrame:
     """One row per mode. Decode tok/s = sum of decode tokens / sum of decode time (thesis 4.2);
-    acceptance = accepted / proposed; mean emitted = (accepted + rounds) / rounds.
+    acceptance = accepted / proposed; mean emitted = (accepted + rounds) / rounds. head_kernel: the kernel path
+    that picked the mode's tokens (the target's for the baseline, else the draft's), from the run's recorded
+    `kernels` (run_kernels), "unrecorded" where it has none.
 
     Engine overhead is the share of decode time outside model and head calls, 1 - model_call_ms / decode_ms,
     clamped at 0: where calls overlap (the pipelined schedule's target append runs beside the draft on its
@@ -71,7 +73,19 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     })
     for phase in ("initial", "draft", "verify", "finalize"):
         out[phase + "_share"] = out[phase + "_ms"] / out.decode_total_ms
+    out["head_kernel"] = [kernel_of(d, kernels) for d in out.draft]
     return out.reindex([m for m in modes.LABELS if m in out.index])
+
+
+def run_kernels(run: Path) -> dict:
+    """The run's recorded head kernel per engine ({"target": ..., <draft>: ...}; {} for runs made before they were
+    recorded), from its config.json."""
+    return json.loads((Path(run) / "config.json").read_text()).get("kernels", {})
+
+
+def kernel_of(draft: str, kernels: dict | None) -> str:
+    """The kernel path that picked a mode's tokens: the target's for the baseline, else its draft's."""
+    return (kernels or {}).get("target" if draft == modes.BASELINE else draft, "unrecorded")
 
 
 def acceptance_by_group(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
@@ -308,6 +322,9 @@ def summary(profile: Profile, device: str, clus: dict, micro: dict, agg: pd.Data
                                           "append_calls", "exact_match_rate", "engine_overhead_frac", "overlap_frac", "samples",
                                           "ms_per_round", "draft_share", "verify_share", "finalize_share",
                                           "transfer_ms")}
+    kernels = run_kernels(run)                                               # which head kernel picked the tokens
+    for m, r in agg.iterrows():
+        e2e[m]["head_kernel"] = kernel_of(r["draft"], kernels)
     out = {
         "profile": profile.name, "device": device, **run_source(profile, run),
         "real_weights": profile.models.source != "synthetic",

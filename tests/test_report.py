@@ -291,3 +291,64 @@ def test_cost_model_interpolates_unmeasured_verify_lengths():
     costs = costmodel.call_costs(micro, {"verify_ms": {"1": 10.0, "4": 13.0, "8": 15.0}}, "flash")
     assert costs["T_p"] == {1: 10.0, 2: 11.0, 3: 12.0, 4: 13.0, 5: 13.5, 6: 14.0, 7: 14.5, 8: 15.0}
     assert costs["T_q"] == 0.5
+
+
+# the cost model counts the ordinary schedule's skipped verify calls (issue 22 item 3)
+
+def cost_row(schedule: str, k: int, rounds: int, skipped: int, emitted: float, round_ms: float, **kw) -> dict:
+    """One aggregate row (the columns costmodel.model_check reads) of a run whose rounds took round_ms."""
+    tokens = rounds * emitted
+    return {"draft": "flash", "schedule": schedule, "k_policy": "fixed", "mean_emitted": emitted,
+            "rounds": rounds, "skipped": skipped, "verify_calls": rounds - skipped, "initial_ms": 0.0,
+            "decode_total_ms": rounds * round_ms, "decode_tok_s": 1000 * tokens / (rounds * round_ms), **kw}
+
+
+def test_cost_model_charges_a_verify_only_in_rounds_that_make_one():
+    from lib import costmodel
+    micro = {"model_step": {"dense": {"mean_ms": 1.0}, "flash": {"mean_ms": 1.0}}}
+    ts = {"verify_ms": {str(n): 20.0 for n in range(1, 9)}}
+    k, skip = 4, 0.25
+    # ordinary: a quarter of the rounds skip the verify: (1 - 0.25) * 20 + 4 * 1 + 20 = 39 ms a round
+    # deferred: every round verifies K + 1 tokens, nothing appended: 20 + 4 = 24 ms a round
+    agg = pd.DataFrame([cost_row("ordinary", k, 100, 25, 3.0, 39.0), cost_row("deferred", k, 100, 0, 3.0, 24.0)],
+                       index=["flash_ordinary", "flash_deferred"])
+    check = costmodel.model_check(agg, micro, ts, k)
+    assert check["model / measured"].to_numpy() == pytest.approx([1.0, 1.0])
+    assert check.loc["flash_ordinary", "skip share"] == skip
+    # charging a verify every round (the old model) is off by the skipped share of the verify time
+    old = 1000 / costmodel.tpot_ms(costmodel.call_costs(micro, ts), k, 3.0, "ordinary")
+    assert old / agg.loc["flash_ordinary"].decode_tok_s == pytest.approx(39 / 44)
+    # the expectation at per-token acceptance alpha: a round skips with probability 1 - alpha
+    assert costmodel.skip_share(0.75, "ordinary") == pytest.approx(0.25) and costmodel.skip_share(0.75, "deferred") == 0
+    # per phase: the model's verify per round is (1 - skip share) * T_p(K)
+    phases = costmodel.phase_check(agg.assign(draft_ms=400.0, verify_ms=1500.0, finalize_ms=2000.0, ms_per_round=39.0,
+                                              draft_body_ms=300.0, draft_head_ms=100.0, mean_block=4.0,
+                                              append_calls=100, target_call_ms=3500.0), micro, ts, k)
+    row = phases.loc["flash_ordinary"]
+    assert row["model verify"] == pytest.approx(15.0) and row["verify"] == pytest.approx(15.0)
+    assert row["draft ms/token"] == pytest.approx(1.0) == row["T_q"]
+    assert row["target ms/call"] == pytest.approx(20.0) == row["model target ms/call"]
+
+
+def test_summary_carries_the_cost_model(tmp_path):
+    micro = {"model_step": {"dense": {"mean_ms": 1.0}, "flash": {"mean_ms": 1.0}}}
+    ts = {"verify_ms": {str(n): 20.0 for n in range(1, 9)}}
+    agg = pd.DataFrame([cost_row("ordinary", 4, 100, 25, 3.0, 39.0)], index=["flash_ordinary"])
+    profile = SimpleNamespace(out_dir=tmp_path, decode=SimpleNamespace(k=4))
+    assert report.cost_model_section(profile, micro, agg, {}) == {}       # no target_step.json: no section
+    cost = report.cost_model_section(profile, micro, agg, {"target_step": ts})
+    row = cost["modes"]["flash_ordinary"]
+    assert cost["k"] == 4 and row["ratio"] == pytest.approx(1.0) and row["skip_share"] == 0.25
+    assert row["predicted_tok_s"] == pytest.approx(row["measured_tok_s"]) == pytest.approx(1000 * 3 / 39)
+
+
+# engine overhead when calls overlap (issue 22 item 6)
+
+def test_engine_overhead_is_never_negative_and_overlap_is_reported():
+    recs = [fake("dense_pipelined", "pipelined", 10, 100.0, [3, 3], 8, model_call_ms=118.0),
+            fake("dense_ordinary", "ordinary", 10, 100.0, [3, 3], 8, model_call_ms=90.0)]
+    agg = report.aggregate(report.records_frame(recs))
+    piped, serial = agg.loc["dense_pipelined"], agg.loc["dense_ordinary"]
+    assert piped.engine_overhead_frac == 0 and piped.overlap_ms == pytest.approx(18.0)
+    assert piped.overlap_frac == pytest.approx(0.18)
+    assert serial.engine_overhead_frac == pytest.approx(0.1) and serial.overlap_ms == 0 and serial.overlap_frac == 0
