@@ -29,7 +29,9 @@ from .speculative import Draft, Result, generate_speculative
 
 class AdaptiveFlashHead(FlashHead):
     """FlashHead whose probe count p is chosen per hidden state from the centroid scores (see module doc).
-    counts[p] (device tensor) counts the steps that used p probes since the last reset()."""
+    counts[p] (device tensor) counts the steps that used p probes since the last reset().
+    It runs torch ops only, on every device and whatever bench.head_kernel says (there is no Triton kernel for the
+    masked probes): kernel_ran is "torch", and so its records say, beside a FlashHead draft that may run Triton."""
 
     def __init__(self, head: FlashHead, threshold: float, p_min: int, p_max: int, temperature: float = 1.0):
         c = head.n_clusters
@@ -150,6 +152,13 @@ class BanditDraft(Draft):
         self.runner.clock = clock
         for h in self.arms.values():
             h.clock = clock
+
+    @property
+    def kernel_ran(self) -> str:
+        """The arms' kernel path ("triton" or "torch"), or "mixed (<arm>: <path>, ...)" where the arms differ."""
+        ran = {a: h.kernel_ran for a, h in self.arms.items()}
+        paths = set(ran.values())
+        return paths.pop() if len(paths) == 1 else "mixed (" + ", ".join(f"{a}: {k}" for a, k in ran.items()) + ")"
 
 
 class BanditRounds:

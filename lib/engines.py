@@ -133,6 +133,25 @@ def build_engines(profile: Profile, which=None, target_model=None, adaptive_k: b
     return target, drafts
 
 
+# The target picks its tokens with its own dense head inside its runner's call (Runner._argmax: a matmul and an
+# argmax in torch ops, in the target's CUDA graph on CUDA): the torch path on every device.
+TARGET_KERNEL = "torch"
+
+
+def head_kernel(engine) -> str:
+    """Which kernel path picks an engine's tokens: "triton" or "torch" (a bandit draft: its arms' path, or
+    "mixed (...)"), as the built heads report it (lib/heads.py: kernel_ran)."""
+    if isinstance(engine, Target):
+        return TARGET_KERNEL
+    ran = getattr(engine, "kernel_ran", None)                               # a bandit draft: over its arms
+    return ran if ran is not None else getattr(engine.head, "kernel_ran", "unrecorded")
+
+
+def kernels(target: Target, drafts: dict[str, Draft]) -> dict[str, str]:
+    """{"target": path, <draft name>: path, ...} of built engines: what a run records in its config.json."""
+    return {"target": head_kernel(target), **{name: head_kernel(d) for name, d in drafts.items()}}
+
+
 def shared_dense(profile: Profile) -> str:
     """The draft whose dense head runs on the FlashHead draft's body: dense (gguf: one early-exit body) or dense_shared."""
     return "dense" if profile.models.source == "gguf" else "dense_shared"

@@ -1,7 +1,13 @@
-"""Greedy LM heads: the dense head and FlashHead (cluster-first retrieval), both token-on-device."""
-from __future__ import annotations
+"""Greedy LM heads: the dense head and FlashHead (cluster-first retrieval), both token-on-device.
 
-import warnings
+Kernel paths. kernel="triton" (the profile's bench.head_kernel, the default) on a CUDA weight runs the Triton
+kernels of lib/kernels.py for one hidden state, checked at construction against an fp32 selection on probe
+hidden states; a head that cannot have them (Triton not importable, a disagreement, an exception, too many
+special tokens) raises KernelUnavailable with one line naming the reason: there is no fallback. kernel="torch",
+and any head on a CPU, runs torch ops (on a CPU that is the path, not a fallback: head_kernel applies to CUDA
+only). Every head says which path it really runs: `kernel_ran`, "triton" or "torch" (batches of hidden states
+always take the torch path; the engine's draft step is one hidden state)."""
+from __future__ import annotations
 
 import torch
 
@@ -12,15 +18,17 @@ from .runner import capture, on
 
 class DenseHead:
     """argmax over the full vocabulary: W (V,d). kernel "triton" on CUDA: one fused GEMV + argmax launch
-    for a single hidden state (lib/kernels.py; ties to the smallest id on fp32 logits)."""
+    for a single hidden state (lib/kernels.py; ties to the smallest id on fp32 logits), checked at construction
+    against the fp32 argmax on probe hidden states (KernelUnavailable when it cannot run or disagrees)."""
 
     def __init__(self, weight: torch.Tensor, kernel: str = "torch"):
         self.weight, self.kernel = weight, kernel
-        self.fused = None
-        if kernel == "triton" and weight.is_cuda:
-            from .kernels import dense_greedy_triton
-            W = weight.contiguous()
-            self.fused = lambda h: on_device(W, dense_greedy_triton, h.contiguous(), W)
+        self.fused = require_triton(dense_triton(weight), "DenseHead", weight) if wants_triton(kernel, weight) else None
+
+    @property
+    def kernel_ran(self) -> str:
+        """The path that picks the token of one hidden state: "triton" or "torch"."""
+        return "triton" if self.fused is not None else "torch"
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         """h (n,d) -> token ids (n,), kept on the device (no host sync)."""
@@ -54,7 +62,12 @@ class FlashHead:
             raise ValueError(f"FlashHead: n_probes must be in 1..{c} (the number of clusters), got {n_probes}")
         self.n_probes = n_probes
         self.rows = max([r for r in range(1, 9) if c % r == 0 and c // r >= n_probes], default=1)
-        self.fused = fused_kernel(self) if self.kernel == "triton" and self.weight.is_cuda else None
+        self.fused = fused_kernel(self) if wants_triton(self.kernel, self.weight) else None
+
+    @property
+    def kernel_ran(self) -> str:
+        """The path that picks the token of one hidden state: "triton" or "torch"."""
+        return "triton" if self.fused is not None else "torch"
 
     def probes(self, h: torch.Tensor) -> torch.Tensor:
         """The top-p clusters (n,p) for hidden states h (n,d)."""
@@ -98,34 +111,99 @@ class FlashHead:
         return other
 
 
-def fused_kernel(head: FlashHead):
-    """The Triton path for one hidden state, if Triton is present and it agrees with the fp32 selection
-    (exact_fp32) on test inputs; otherwise None, with a warning (the torch path is used)."""
+class KernelUnavailable(RuntimeError):
+    """A head asked for the Triton path on CUDA (bench.head_kernel: triton) cannot have it; the message is one
+    line naming the head, the device and the reason."""
+
+
+KERNELS = ("torch", "triton")
+
+
+def wants_triton(kernel: str, weight: torch.Tensor) -> bool:
+    """Whether a head with this kernel setting runs the Triton path: "triton" on a CUDA weight. CPUs run torch
+    ops whatever the setting (the profile's head_kernel applies to CUDA devices only)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"head kernel must be one of {KERNELS}, got {kernel!r}")
+    return kernel == "triton" and weight.is_cuda
+
+
+def triton_kernels():
+    """lib.kernels, the Triton heads (ImportError where Triton is absent)."""
+    from . import kernels
+    return kernels
+
+
+def require_triton(decision: tuple, head: str, weight: torch.Tensor):
+    """The Triton path of a (fn, reason) decision (flash_triton, dense_triton), or KernelUnavailable naming the
+    reason in one line."""
+    fn, reason = decision
+    if fn is None:
+        raise KernelUnavailable(f"{head} on {weight.device}: bench.head_kernel is triton but {reason}; "
+                                "set bench.head_kernel: torch to run the torch heads")
+    return fn
+
+
+def one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+def probe_states(W: torch.Tensor, n: int = 8) -> torch.Tensor:
+    """n embedding-like hidden states (rows of W, chosen by a fixed seed) to check a Triton head on."""
+    g = torch.Generator(device=W.device).manual_seed(0)
+    return W[torch.randint(0, W.shape[0], (n,), device=W.device, generator=g)]
+
+
+def checked(fn, probe: torch.Tensor, want: torch.Tensor) -> tuple:
+    """(fn, "") if fn picks the reference token `want` for each probe hidden state, else (None, why)."""
+    want = want.tolist()
     try:
-        from .kernels import flash_greedy_triton
-    except ImportError:
-        warnings.warn("FlashHead: Triton is not importable; the torch path runs")
-        return None
+        got = [fn(x[None]).item() for x in probe]
+    except Exception as e:                                                      # noqa: BLE001 - reported as the reason
+        return None, f"the Triton kernel failed ({one_line(e)})"
+    bad = [i for i, (a, b) in enumerate(zip(got, want)) if a != b]
+    if bad:
+        return None, (f"the Triton kernel disagrees with the fp32 reference on {len(bad)} of {len(want)} probe hidden "
+                      f"states (first: token {got[bad[0]]}, reference {want[bad[0]]})")
+    return fn, ""
+
+
+def flash_triton(head: FlashHead) -> tuple:
+    """The Triton FlashHead for one hidden state and the reason it cannot be used: (fn, "") when Triton imports,
+    the special tokens fit one cluster row and the kernel picks exact_fp32's token on probe hidden states;
+    (None, reason) otherwise."""
+    try:
+        K = triton_kernels()
+    except ImportError as e:
+        return None, f"Triton is not importable ({one_line(e)})"
     c, b = head.c2t.shape
-    p = head.n_probes
     if head.special.numel() > b:                                               # one row holds the special tokens
-        warnings.warn(f"FlashHead: {head.special.numel()} special tokens do not fit one cluster row ({b}); the torch path runs")
-        return None
+        return None, f"its {head.special.numel()} special tokens do not fit one cluster row ({b} tokens)"
     special = head.special.repeat(b)[:b] if head.special.numel() else torch.full_like(head.c2t[0], -1)
     c2t_ext = torch.cat([head.c2t, special[None]]).contiguous()                 # row c: the special tokens (-1: none)
-    W, cents = head.weight.contiguous(), head.centroids.contiguous()
-    fn = lambda h: on_device(W, flash_greedy_triton, h.contiguous(), W, cents, c2t_ext, p)
-    g = torch.Generator(device=W.device).manual_seed(0)
-    probe = W[torch.randint(0, W.shape[0], (8,), device=W.device, generator=g)]   # embedding-like queries
+    W, cents, p = head.weight.contiguous(), head.centroids.contiguous(), head.n_probes
+    fn = lambda h: on_device(W, K.flash_greedy_triton, h.contiguous(), W, cents, c2t_ext, p)
+    probe = probe_states(W)
+    return checked(fn, probe, exact_fp32(head, probe))
+
+
+def dense_triton(weight: torch.Tensor) -> tuple:
+    """The Triton dense head for one hidden state and the reason it cannot be used: (fn, "") when Triton imports
+    and the kernel picks the fp32 argmax (ties: the smallest id) on probe hidden states; (None, reason) otherwise."""
     try:
-        want = exact_fp32(head, probe).tolist()
-        agree = all(fn(x[None]).item() == w for x, w in zip(probe, want))
-    except Exception as e:                                                      # noqa: BLE001 - fall back to torch
-        warnings.warn(f"FlashHead: the Triton path failed ({type(e).__name__}: {e}); the torch path runs")
-        return None
-    if not agree:
-        warnings.warn("FlashHead: the Triton path disagreed with the fp32 selection; the torch path runs")
-    return fn if agree else None
+        K = triton_kernels()
+    except ImportError as e:
+        return None, f"Triton is not importable ({one_line(e)})"
+    W = weight.contiguous()
+    fn = lambda h: on_device(W, K.dense_greedy_triton, h.contiguous(), W)
+    probe = probe_states(W)
+    logits = torch.cat([probe.float() @ w.float().T for w in W.split(1 << 14)], dim=1)   # fp32, a slice at a time
+    return checked(fn, probe, logits.argmax(-1))                               # argmax: the first maximum
+
+
+def fused_kernel(head: FlashHead):
+    """The Triton path of `head` for one hidden state (flash_triton), or KernelUnavailable with the reason."""
+    return require_triton(flash_triton(head), f"FlashHead ({head.n_probes} probes)", head.weight)
 
 
 def on_device(W: torch.Tensor, kernel, *args):
@@ -155,6 +233,11 @@ class GraphedHead:
             self.h = torch.zeros(1, W.shape[1], device=W.device, dtype=W.dtype)
             with on(W.device):
                 self.graph, self.out = capture(lambda: head(self.h))
+
+    @property
+    def kernel_ran(self) -> str:
+        """The head's kernel path ("triton" or "torch")."""
+        return self.head.kernel_ran
 
     @torch.no_grad()
     def __call__(self, h: torch.Tensor) -> torch.Tensor:

@@ -55,6 +55,15 @@ def _dot_rows(h_ptr, w_ptr, rows, ok, N: tl.constexpr, D: tl.constexpr, BLOCK_D:
 
 
 @triton.jit
+def _running_counts(a, b):
+    """Inclusive running counts (int32) of the booleans a and b along a tile, in one scan of int64 sums (each
+    count in its own 32 bits: exact for any tile; 16-bit halves of an int32 overflowed at 32,768)."""
+    cs = tl.cumsum((a.to(tl.int64) << 32) + b.to(tl.int64), 0)
+    hi = cs >> 32
+    return hi.to(tl.int32), (cs - (hi << 32)).to(tl.int32)
+
+
+@triton.jit
 def _finish(key, best_ptr, count_ptr, out_ptr, n):
     """Fold this program's best key into *best_ptr; the last of the n programs to arrive writes the
     token and resets best and the counter for the next call."""
@@ -97,9 +106,9 @@ def _select(cand_ptr, m, need, thr, out_ptr, T: tl.constexpr):
         u = (k >> 32).to(tl.uint32)
         gt = (j < m) & (u > thr)
         eq = (j < m) & (u == thr)
-        cs = tl.cumsum(gt.to(tl.int32) * 65536 + eq.to(tl.int32), 0)  # two running counts in one scan
-        r_eq = n_eq + (cs & 65535) - 1
-        pos = tl.where(gt, n_gt + (cs >> 16) - 1, above + r_eq)       # larger keys first, then equal ones
+        c_gt, c_eq = _running_counts(gt, eq)
+        r_eq = n_eq + c_eq - 1
+        pos = tl.where(gt, n_gt + c_gt - 1, above + r_eq)             # larger keys first, then equal ones
         tl.store(out_ptr + pos, k.to(tl.int32), mask=gt | (eq & (r_eq < need - above)))
         n_gt += tl.sum(gt.to(tl.int32), 0)
         n_eq += tl.sum(eq.to(tl.int32), 0)
@@ -141,10 +150,10 @@ def _flash_probes(h_ptr, c_ptr, keys_ptr, hist_ptr, slab_ptr, above_ptr, plan_pt
                 i = t + tl.arange(0, TF)
                 ki = tl.load(keys_ptr + i, mask=i < C, other=_MIN64, cache_modifier=".cg")
                 bi = tl.where(i < C, ((ki >> 52) + 2048).to(tl.int32), -1)
-                cs = tl.cumsum((bi > top).to(tl.int32) * 65536 + (bi == top).to(tl.int32), 0)
-                tl.store(probes_ptr + n_up + (cs >> 16) - 1, i, mask=bi > top)
+                c_up, c_top = _running_counts(bi > top, bi == top)
+                tl.store(probes_ptr + n_up + c_up - 1, i, mask=bi > top)
                 u = (ki >> 32).to(tl.int32) ^ -2147483648       # unsigned order of the score
-                tl.store(cand_ptr + n_top + (cs & 65535) - 1, (u.to(tl.uint32).to(tl.int64) << 32) | i,
+                tl.store(cand_ptr + n_top + c_top - 1, (u.to(tl.uint32).to(tl.int64) << 32) | i,
                          mask=bi == top)
                 n_up += tl.sum((bi > top).to(tl.int32), 0)
                 n_top += tl.sum((bi == top).to(tl.int32), 0)
@@ -217,6 +226,24 @@ def _scratch(device, C, S=1):
     return _SCRATCH[key]
 
 
+MAX_TILE = 1 << 20              # Triton's largest block (elements)
+
+
+def check_flash_config(C: int, B: int, n_probes: int, c2t_rows: int, S: int, TF: int, T: int) -> None:
+    """The host-side check of a Triton FlashHead call: ValueError naming what is out of range. Tiles TF and T
+    (the compaction and radix-select scans) are powers of two up to MAX_TILE; their running counts are exact for
+    any of them (int64 sums, _running_counts)."""
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise ValueError(f"flash_greedy_triton: {msg}")
+    need(1 <= n_probes <= C, f"n_probes must be in 1..{C} (the clusters), got {n_probes}")
+    need(c2t_rows == C + 1, f"c2t_ext needs {C + 1} rows (the clusters and the special tokens), got {c2t_rows}")
+    need(B >= 1, "clusters must hold at least one token")
+    for name, v in (("S", S), ("TF", TF), ("T", T)):
+        need(v >= 1 and v & (v - 1) == 0, f"{name} must be a power of two, got {v}")
+    need(max(TF, T) <= MAX_TILE, f"tiles TF and T hold at most {MAX_TILE} elements, got TF={TF}, T={T}")
+
+
 def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, R=16, BLOCK_D=1024, BLOCK_D2=1024, warps=8,
                         warps2=4, S=256, TF=4096, T=1024):
     """h (1,d) -> token (1,) int64 on the device: FlashHead greedy in two Triton launches.
@@ -226,18 +253,32 @@ def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, R=16, BLOCK_D=1024, BLOC
     power of 2; the fast path needs the P-th score's bin and those above it to hold <= S clusters)."""
     C, D = cents.shape
     B = c2t_ext.shape[1]
-    assert 1 <= n_probes <= C and c2t_ext.shape[0] == C + 1 and S & (S - 1) == 0 and TF < 65536 and T < 65536
-    s = _scratch(h.device, C, S)
+    check_flash_config(C, B, n_probes, c2t_ext.shape[0], S, TF, T)
+    s = _launch_probes(h, cents, n_probes, R, BLOCK_D, warps, S, TF, T)
     out = torch.empty(1, dtype=torch.int64, device=h.device)
     bd = min(BLOCK_D, triton.next_power_of_2(D))
-    _flash_probes[(triton.cdiv(C, R),)](h, cents, s["keys"], s["hist"], s["slab"], s["above"], s["plan"], s["cand"],
-                                        s["probes"], s["count"], C, n_probes, D, R, bd, S,
-                                        min(TF, triton.next_power_of_2(C)), min(T, triton.next_power_of_2(C)),
-                                        num_warps=warps)
     _flash_tokens[(n_probes + S + 1,)](h, W, c2t_ext, s["slab"], s["above"], s["plan"], s["probes"], s["best"],
                                        s["count"][1:], out, C, n_probes, D, B, triton.next_power_of_2(B),
                                        min(BLOCK_D2, bd), S, num_warps=warps2)
     return out
+
+
+def flash_probes_triton(h, cents, n_probes, R=16, BLOCK_D=1024, warps=8, S=256, TF=4096, T=1024) -> dict:
+    """FlashHead's first launch alone (the centroid scores and the probe plan): the scratch it leaves for the
+    second, plan (top bin, #clusters above it, #in it, overflow) and, on overflow, probes[:n_probes] (the
+    selected clusters, in no particular order)."""
+    check_flash_config(cents.shape[0], 1, n_probes, cents.shape[0] + 1, S, TF, T)
+    return _launch_probes(h, cents, n_probes, R, BLOCK_D, warps, S, TF, T)
+
+
+def _launch_probes(h, cents, n_probes, R, BLOCK_D, warps, S, TF, T) -> dict:
+    C, D = cents.shape
+    s = _scratch(h.device, C, S)
+    _flash_probes[(triton.cdiv(C, R),)](h, cents, s["keys"], s["hist"], s["slab"], s["above"], s["plan"], s["cand"],
+                                        s["probes"], s["count"], C, n_probes, D, R, min(BLOCK_D, triton.next_power_of_2(D)),
+                                        S, min(TF, triton.next_power_of_2(C)), min(T, triton.next_power_of_2(C)),
+                                        num_warps=warps)
+    return s
 
 
 def dense_greedy_triton(h, W, R=16, BLOCK_D=1024, warps=4):

@@ -126,8 +126,17 @@ def check(profile: Profile) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m lib.preflight PROFILE", file=sys.stderr)
+        print("usage: python -m lib.preflight PROFILE   (or --claim: the STUDY_COMMIT for a copy of this checkout)",
+              file=sys.stderr)
         return 2
+    if argv[0] == "--claim":
+        from .runs import commit_claim
+        try:
+            print(commit_claim())
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         check(load_profile(argv[0]))
     except (ConfigError, PreflightError) as e:

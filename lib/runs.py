@@ -2,6 +2,7 @@
 resume, Slurm shards, per-sample records, and the profile's JSON result files."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -82,18 +83,48 @@ def tree_matches(commit: str, paths=CODE) -> bool:
         return all(git("write-tree", f"--prefix={p}/", env=env) == git("rev-parse", f"{commit}:{p}") for p in paths)
 
 
+def code_digest(root: Path | None = None) -> str:
+    """sha256 over the path and bytes of every file under lib/ and notebooks/ (less caches and staging files):
+    what a commit claim is checked against on a copy of the tree that has no git metadata (a GPU machine)."""
+    root, h = root or ROOT, hashlib.sha256()
+    for top in CODE:
+        for p in sorted((root / top).rglob("*")):
+            rel = p.relative_to(root)
+            if p.is_file() and not {"__pycache__", ".ipynb_checkpoints"} & set(rel.parts) \
+                    and not p.name.endswith((".pyc", ".running.ipynb", ".failed.ipynb")):
+                h.update(str(rel).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def commit_claim() -> str:
+    """'<commit>:<code digest>', the STUDY_COMMIT to give a copy of this checkout; only a clean one can claim."""
+    commit = clean_commit()
+    if commit is None or git("status", "--porcelain", "--untracked-files=all", "--", *CODE):
+        raise ValueError("a commit claim needs a checkout whose lib/ and notebooks/ are exactly its commit: commit first")
+    return f"{commit}:{code_digest()}"
+
+
 def git_commit() -> str:
     """The checkout's commit, with '+dirty' when tracked files differ from it ('unknown' outside git).
     STUDY_COMMIT, where set, names it instead: a copy of the tree whose git metadata is not its own (a remote
     GPU machine given the working tree) would otherwise report the wrong commit. It is honoured only when
-    lib/ and notebooks/ are exactly that commit's; a claim that is wrong or cannot be checked is refused."""
+    lib/ and notebooks/ are exactly that commit's: checked with git where it knows the commit, or against the
+    code digest of a claim '<commit>:<digest>' (commit_claim, `python -m lib.preflight --claim`) on a copy
+    without git metadata; a claim that is wrong or cannot be checked is refused."""
     claimed = os.environ.get("STUDY_COMMIT")
+    if claimed and ":" in claimed:
+        commit, digest = claimed.split(":", 1)
+        if code_digest() != digest:
+            raise ValueError(f"STUDY_COMMIT={commit}: lib/ or notebooks/ differ from the claimed code digest; "
+                             "unset it, or claim again at a clean commit (python -m lib.preflight --claim)")
+        return commit
     if claimed:
         try:
             ok = tree_matches(claimed.removesuffix("+dirty"))
         except (OSError, subprocess.CalledProcessError):
             raise ValueError(f"STUDY_COMMIT={claimed}: not a commit this checkout's git history knows, so the "
-                             "claim cannot be checked; unset it") from None
+                             "claim cannot be checked; give '<commit>:<digest>' (python -m lib.preflight --claim) "
+                             "or unset it") from None
         if not ok and not claimed.endswith("+dirty"):
             raise ValueError(f"STUDY_COMMIT={claimed}: lib/ or notebooks/ differ from that commit's; unset it "
                              "or commit the changes")
@@ -131,6 +162,29 @@ def new_run(out_dir: Path, config: dict, name: str = "e2e") -> Path:
     config = {**config, "started": now(), "commit": git_commit()}
     (run / "config.json").write_text(json.dumps(config, indent=1, default=str))
     return run
+
+
+def record_kernels(run: Path, kernels: dict) -> None:
+    """Add which kernel path picks each engine's tokens (lib/engines.py: kernels, {"target": ..., <draft>: ...}) to
+    the run's config.json under `kernels`, once its engines are built. A run records them before its first sample;
+    one started by older code with samples and no record stays unrecorded. Samples of one run never come from other
+    kernels than those it recorded: a difference stops with one line."""
+    path = Path(run) / "config.json"
+    cfg = json.loads(path.read_text())
+    old = cfg.get("kernels")
+    if old is None and read_records(run):
+        note(f"run {Path(run).name} has samples from before kernels were recorded: its kernels stay unrecorded")
+        return
+    differ = {k: (old[k], v) for k, v in kernels.items() if old and k in old and old[k] != v}
+    if differ:
+        raise RuntimeError(f"run {Path(run).name} recorded other head kernels than these engines run "
+                           f"({', '.join(f'{k}: {a} then {b}' for k, (a, b) in differ.items())}); FRESH=1 starts a new run")
+    merged = {**(old or {}), **kernels}
+    if merged != old:
+        cfg["kernels"] = merged
+        tmp = path.with_name(f"config.json.{os.getpid()}.tmp")                # shards may write at once: whole files
+        tmp.write_text(json.dumps(cfg, indent=1, default=str))
+        tmp.replace(path)
 
 
 def finished(run: Path) -> bool:

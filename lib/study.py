@@ -323,6 +323,7 @@ def run_shard(profile: Profile, run: Path, shard: tuple[int, int] = (0, 1), targ
         return
     ensure_flash_checkpoint(profile)
     target, drafts = engines.build_engines(profile, target_model=target_model)
+    runs.record_kernels(run, engines.kernels(target, drafts))              # which head kernels the samples use
     runs.run_samples(profile, run, target, drafts, enc, keys, stop_tokens(profile), shard,
                      costs=call_costs(profile) if modes.COST in profile.decode.k_policies else None)
 

@@ -168,3 +168,123 @@ def test_exact_fp32_selection_is_flashheads_on_fp32_inputs(draft_clustering, hid
     head = FlashHead(W.float(), cents.float(), assign, probes, SPECIAL_IDS)
     h = hidden[:50].float()
     assert torch.equal(exact_fp32(head, h), head.reference(h))
+
+
+# ---------------------------------------------------------------- kernel paths (issue 22 item 4)
+
+import lib.heads as heads_mod  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+
+def fake_kernels(dense=None, flash=None):
+    """A stand-in for lib.kernels: dense/flash are the kernel functions (h, W, ...) -> (1,) token."""
+    return lambda: SimpleNamespace(dense_greedy_triton=dense, flash_greedy_triton=flash)
+
+
+def dense_ref(h, W, *args):
+    return (h.float() @ W.float().T).argmax(-1)
+
+
+def flash_ref(head):
+    return lambda h, *args: heads_mod.exact_fp32(head, h)
+
+
+def test_cpu_heads_run_torch_whatever_the_setting(parts):
+    """A CPU runs the torch path (not a fallback: head_kernel applies to CUDA), and says so."""
+    W, cents, assign = parts
+    for kernel in ("torch", "triton"):
+        fh = FlashHead(W, cents, assign, 2, SPECIAL_IDS, kernel=kernel)
+        assert DenseHead(W, kernel).kernel_ran == fh.kernel_ran == fh.with_probes(4).kernel_ran == "torch"
+    from lib.heads import GraphedHead
+    assert GraphedHead(DenseHead(W, "triton")).kernel_ran == "torch"
+    with pytest.raises(ValueError, match="head kernel"):
+        DenseHead(W, "cuda")
+
+
+def test_triton_not_importable_is_a_reason(parts, monkeypatch):
+    W, cents, assign = parts
+
+    def missing():
+        raise ModuleNotFoundError("No module named 'triton'")
+    monkeypatch.setattr(heads_mod, "triton_kernels", missing)
+    fn, why = heads_mod.flash_triton(flash(parts, 2))
+    assert fn is None and why.startswith("Triton is not importable") and "No module named 'triton'" in why
+    fn, why = heads_mod.dense_triton(W)
+    assert fn is None and why.startswith("Triton is not importable")
+
+
+def test_a_profile_asking_for_triton_that_cannot_have_it_stops_in_one_line(parts, monkeypatch):
+    """The caller of the decision raises KernelUnavailable naming the head, the device and the reason."""
+    head = flash(parts, 2)
+    monkeypatch.setattr(heads_mod, "triton_kernels", lambda: (_ for _ in ()).throw(ImportError("no triton here")))
+    with pytest.raises(heads_mod.KernelUnavailable) as e:
+        heads_mod.fused_kernel(head)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("FlashHead (2 probes) on cpu: bench.head_kernel is triton but Triton "
+                                              "is not importable (ImportError: no triton here)")
+    assert "bench.head_kernel: torch" in msg
+
+
+def test_flash_kernel_disagreeing_or_failing_is_refused_with_its_reason(parts, monkeypatch):
+    head = flash(parts, 2)
+    wrong = lambda h, *args: flash_ref(head)(h) + 1
+    monkeypatch.setattr(heads_mod, "triton_kernels", fake_kernels(flash=wrong))
+    fn, why = heads_mod.flash_triton(head)
+    assert fn is None and "disagrees with the fp32 reference on 8 of 8 probe hidden states" in why
+    with pytest.raises(heads_mod.KernelUnavailable, match="disagrees with the fp32 reference"):
+        heads_mod.fused_kernel(head)
+
+    def boom(*args):
+        raise RuntimeError("out of resources:\n shared memory")
+    monkeypatch.setattr(heads_mod, "triton_kernels", fake_kernels(flash=boom))
+    with pytest.raises(heads_mod.KernelUnavailable) as e:
+        heads_mod.fused_kernel(head)
+    assert "the Triton kernel failed (RuntimeError: out of resources: shared memory)" in str(e.value)
+    assert "\n" not in str(e.value)
+
+    monkeypatch.setattr(heads_mod, "triton_kernels", fake_kernels(flash=flash_ref(head)))
+    fn, why = heads_mod.flash_triton(head)                                 # one that agrees: used, no reason
+    assert fn is not None and why == ""
+
+
+def test_too_many_special_tokens_for_the_triton_flash_head_is_a_reason(parts, monkeypatch):
+    W, cents, assign = parts
+    b = VOCAB // N_CLUSTERS
+    head = FlashHead(W, cents, assign, 2, list(range(b + 1)))
+    monkeypatch.setattr(heads_mod, "triton_kernels", fake_kernels(flash=flash_ref(head)))
+    fn, why = heads_mod.flash_triton(head)
+    assert fn is None and why == f"its {b + 1} special tokens do not fit one cluster row ({b} tokens)"
+
+
+@pytest.fixture
+def as_if_cuda(monkeypatch):
+    """Heads built as if their weights were on CUDA (the construction check runs on the CPU)."""
+    monkeypatch.setattr(heads_mod, "wants_triton", lambda kernel, weight: kernel == "triton")
+
+
+def test_dense_head_checks_its_triton_kernel_at_construction(parts, hidden, monkeypatch, as_if_cuda):
+    W = parts[0]
+    monkeypatch.setattr(heads_mod, "triton_kernels", fake_kernels(dense=lambda h, W: dense_ref(h, W) + 1))
+    with pytest.raises(heads_mod.KernelUnavailable) as e:
+        DenseHead(W, "triton")
+    assert str(e.value).startswith("DenseHead on cpu: bench.head_kernel is triton but the Triton kernel disagrees "
+                                   "with the fp32 reference on 8 of 8 probe hidden states")
+    assert DenseHead(W, "torch").kernel_ran == "torch"                     # asked for torch: never checked
+    calls = []
+    monkeypatch.setattr(heads_mod, "triton_kernels",
+                        fake_kernels(dense=lambda h, W: calls.append(1) or dense_ref(h, W)))
+    head = DenseHead(W, "triton")
+    assert head.kernel_ran == "triton" and len(calls) == 8                 # checked on 8 probe states
+    assert torch.equal(head(hidden[:1]), DenseHead(W)(hidden[:1])) and len(calls) == 9   # one state: the kernel
+
+
+def test_flash_head_checks_its_triton_kernel_at_construction(parts, monkeypatch, as_if_cuda):
+    W, cents, assign = parts
+    monkeypatch.setattr(heads_mod, "triton_kernels", fake_kernels(flash=lambda h, W, *a: torch.zeros(1, dtype=torch.long)))
+    with pytest.raises(heads_mod.KernelUnavailable, match=r"^FlashHead \(2 probes\) on cpu: .* disagrees"):
+        FlashHead(W, cents, assign, 2, SPECIAL_IDS, kernel="triton")
+    head = FlashHead(W, cents, assign, 2, SPECIAL_IDS, kernel="torch")
+    assert head.kernel_ran == "torch"
+    monkeypatch.setattr(heads_mod, "triton_kernels", fake_kernels(flash=lambda h, W, cents, c2t, p: torch.zeros(1, dtype=torch.long)))
+    with pytest.raises(heads_mod.KernelUnavailable):                       # with_probes checks its own kernel too
+        head.with_probes(4, "triton")

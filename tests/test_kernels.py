@@ -147,12 +147,17 @@ def test_flash_repeated_calls_leave_state_clean():
 def test_dense_is_argmax_smallest_id(V, d, R):
     g = torch.Generator().manual_seed(V)
     W = ints(g, V, d)
-    for _ in range(4):
+    for i in range(4):
         h = ints(g, 1, d)
-        logits = W.double() @ h[0].double()
-        got = K.dense_greedy_triton(h, W, R=R, BLOCK_D=16)
-        assert got.shape == (1,) and got.item() == logits.argmax().item()      # argmax: first maximum
-        assert (logits == logits.max()).sum() >= 1
+        Wi = W.clone()
+        if i % 2:                                                              # plant ties with the best row
+            Wi[torch.randperm(V, generator=g)[:3]] = W[(W.double() @ h[0].double()).argmax()]
+        logits = Wi.double() @ h[0].double()
+        got = K.dense_greedy_triton(h, Wi, R=R, BLOCK_D=16)
+        best = (logits == logits.max()).nonzero().flatten()                   # every maximiser
+        assert got.shape == (1,) and logits[got.item()] == logits.max()        # the token attains the max logit
+        assert got.item() == best.min().item()                                 # and is the smallest such id
+        assert i % 2 == 0 or len(best) > 1
 
 
 def test_dense_bf16():
@@ -160,3 +165,56 @@ def test_dense_bf16():
     W = ints(g, 500, 64).bfloat16()
     h = ints(g, 1, 64).bfloat16()
     assert K.dense_greedy_triton(h, W).item() == (W.double() @ h[0].double()).argmax().item()
+
+
+# ---------------------------------------------------------------- tiles past 32,768 (issue 22 item 6)
+
+def _decreasing(C, lo):
+    return lo + (C - torch.arange(C, dtype=torch.float64)) * 0.002
+
+
+@pytest.mark.parametrize("case", ["select", "compact"])
+def test_running_counts_are_exact_past_32768_in_one_tile(case):
+    """The full selection's scans count, per tile, the keys above and equal to a threshold (radix select) and the
+    clusters above and in the P-th score's bin (compaction). Packed as 16-bit halves of an int32 they overflowed
+    once one tile held 32,768 of the first kind: here a tile of 32,768 holds exactly that many."""
+    C, tile = 40000, 32768
+    i = torch.arange(C)
+    if case == "select":                      # every score in one bin: the top 39,000 by radix select
+        score, P = _decreasing(C, 1024.0), 39000
+    else:                                     # clusters 0..32767 in bins above the P-th score's: compacted first
+        score, P = torch.where(i < tile, _decreasing(C, 4096.0), _decreasing(C, 1024.0)), tile + 100
+    cents = score.float()[:, None].contiguous()
+    s = K.flash_probes_triton(torch.ones(1, 1), cents, P, R=1024, S=2, TF=tile, T=tile)
+    assert s["plan"][3].item() == 1                                       # the slab overflowed: full selection
+    want = torch.sort(-score, stable=True).indices[:P]
+    assert torch.equal(s["probes"][:P].sort().values, want.sort().values.to(s["probes"].dtype))
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(n_probes=0), "n_probes must be in 1..37"), (dict(n_probes=38), "n_probes must be in 1..37"),
+    (dict(S=48), "S must be a power of two"), (dict(TF=3000), "TF must be a power of two"),
+    (dict(T=1 << 21), r"tiles TF and T hold at most 1048576 elements"), (dict(rows=37), "c2t_ext needs 38 rows")])
+def test_flash_configuration_is_checked_on_the_host(kw, match):
+    g, W, cents, c2t_ext = problem(0)
+    rows = kw.pop("rows", None)
+    c2t = c2t_ext[:rows] if rows else c2t_ext
+    p = kw.pop("n_probes", 2)
+    with pytest.raises(ValueError, match=match):
+        K.flash_greedy_triton(ints(g, 1, W.shape[1]), W, cents, c2t, p, **kw)
+    K.check_flash_config(37, 4, 37, 38, 1, 1 << 20, 1 << 20)              # the largest tiles are allowed
+
+
+def test_the_heads_triton_decisions_accept_the_real_kernels():
+    """heads.flash_triton / dense_triton on the real kernels (the interpreter): checked, agreeing, used."""
+    heads = pytest.importorskip("lib.heads")
+    g = torch.Generator().manual_seed(3)
+    c, b, d = 24, 8, 16
+    W = torch.randn(c * b, d, generator=g)
+    assign = torch.randperm(c * b, generator=g) % c
+    cents = torch.stack([W[assign == k].mean(0) for k in range(c)])
+    head = heads.FlashHead(W, cents, assign, 3, [1, 2])
+    fn, why = heads.flash_triton(head)
+    assert why == "" and fn(W[5][None]).item() == head.reference(W[5][None]).item()
+    fn, why = heads.dense_triton(W)
+    assert why == "" and fn(W[7][None]).item() == heads.DenseHead(W)(W[7][None]).item()

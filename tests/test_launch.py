@@ -291,3 +291,24 @@ def test_a_commit_claim_is_honoured_only_when_lib_and_notebooks_are_that_commits
     monkeypatch.setenv("STUDY_COMMIT", "0" * 40)
     with pytest.raises(ValueError, match="cannot be checked"):
         runs.git_commit()
+
+
+def test_a_claim_with_a_code_digest_is_checked_without_git(repo, monkeypatch, tmp_path):
+    """A GPU machine gets a copy of the tree without git metadata: the claim carries the code's digest."""
+    root, head = repo
+    monkeypatch.delenv("STUDY_COMMIT")                                          # claimed where the checkout is
+    claim = runs.commit_claim()
+    assert claim == f"{head}:{runs.code_digest()}"
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".git"))
+    monkeypatch.setattr(runs, "ROOT", copy)
+    monkeypatch.setenv("STUDY_COMMIT", claim)
+    assert runs.git_commit() == head
+    (copy / "lib" / "a.py").write_text("x = 3\n")
+    with pytest.raises(ValueError, match="differ from the claimed code digest"):
+        runs.git_commit()
+    monkeypatch.setattr(runs, "ROOT", root)
+    monkeypatch.delenv("STUDY_COMMIT")
+    (root / "lib" / "a.py").write_text("x = 3\n")                              # a dirty checkout cannot claim
+    with pytest.raises(ValueError, match="needs a checkout whose lib/ and notebooks/ are exactly its commit"):
+        runs.commit_claim()
