@@ -187,6 +187,12 @@ def accepted_count(props: torch.Tensor, q: torch.Tensor, p: torch.Tensor, u: tor
     return int(ok.cumprod(0).sum().item()) if m else 0
 
 
+def final_dist(p: torch.Tensor, q: torch.Tensor, a: int, kk: int) -> torch.Tensor:
+    """Where the round's final token is drawn from: the residual at the first rejection (a < kk), else the
+    bonus row p_{kk+1}. p (rows p_1.., V), q (kk,V), a accepted of kk."""
+    return residual(p[a], q[a]) if a < kk else p[kk]
+
+
 def verify(target: Target, props: torch.Tensor, q: torch.Tensor, pending: torch.Tensor | None, s: Sequence,
            kk: int, dist: Dist, gen: torch.Generator):
     """Judge the proposals and draw the final token. With the pending distribution p_1 (ordinary, first
@@ -201,7 +207,7 @@ def verify(target: Target, props: torch.Tensor, q: torch.Tensor, pending: torch.
         if kk > 0 and accepted_count(props[:1], q[:1], p, u) == 1:          # d1 passes: verify the rest
             p = torch.cat([p, target_probs(target, props[None], s.t_pos, dist)])
     a = accepted_count(props, q, p, u)
-    final = draw(residual(p[a], q[a]) if a < kk else p[kk], gen)            # residual at a rejection, else bonus
+    final = draw(final_dist(p, q, a, kk), gen)                               # residual at a rejection, else bonus
     return props[:a].tolist(), final.item(), final, p.shape[0] > 1 or pending is None
 
 
