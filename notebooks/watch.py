@@ -71,8 +71,10 @@ class Watch:
         line = f"{self.label}: {duration(now - self.start)}"
         if self.state:
             s = self.state
-            took = now - self.stage_start[s["stage"]]
-            line += f" · {s['stage']}: {s['done']}/{s['total']} {s['unit']}".rstrip() + f", {duration(took)}"
+            finished = s["done"] >= s["total"]                 # a finished stage keeps the time it took
+            took = (s.get("time", now) if finished else now) - self.stage_start[s["stage"]]
+            line += f" · {s['stage']}: {s['done']}/{s['total']} {s['unit']}".rstrip() + \
+                (f", done in {duration(took)}" if finished else f", {duration(took)}")
             ran = s["done"] - s.get("start", 0)                # this run's share (a resumed run did the rest earlier)
             if 0 < ran and s["done"] < s["total"]:
                 line += f", about {duration(took / ran * (s['total'] - s['done']))} left"

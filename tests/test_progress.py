@@ -139,3 +139,12 @@ def test_headline_names_exact_match_throughput_and_acceptance_per_draft():
     assert dense.split()[1:] == ["12.5", "(0.500)", "-"] and flash.split()[1:] == ["-", "15.0", "(0.250)"]
     assert lines[-1] == "  and 1 block-length-policy modes: summary.json, notebook 04"
     assert headline({"e2e": {}}) == []
+
+
+def test_a_finished_stage_keeps_the_time_it_took(tmp_path):
+    clock, ev = Clock(), tmp_path / "ev.jsonl"
+    w = Watch("03", ev, tmp_path / "s.ipynb", tty=True, clock=clock)
+    emit(ev, stage="sampling study", done=0, total=4, unit="samples", start=0, time=clock.t)
+    emit(ev, stage="sampling study", done=4, total=4, unit="samples", start=0, time=clock.t + 20)
+    clock.t += 50                                                   # the next stage has not reported yet
+    assert w.poll()[1] == "03: 50 s · sampling study: 4/4 samples, done in 20 s"
