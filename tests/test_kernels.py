@@ -113,14 +113,19 @@ def test_flash_special_token_wins():
     assert K.flash_greedy_triton(h, W, cents, c2t_ext, 1, S=8).item() == 70
 
 
+def random_clusters(g: torch.Generator, c: int, b: int, d: int):
+    """Random fp32 weights (c*b, d) in c equal clusters of b, with their mean centroids."""
+    W = torch.randn(c * b, d, generator=g)
+    assign = torch.randperm(c * b, generator=g) % c
+    return W, torch.stack([W[assign == k].mean(0) for k in range(c)]), assign
+
+
 def test_flash_matches_flashhead_reference():
     """Against FlashHead.reference on tie-free random data (fp32 weights), specials included."""
     heads = pytest.importorskip("lib.heads")
     g = torch.Generator().manual_seed(0)
     c, b, d = 50, 8, 32
-    W = torch.randn(c * b, d, generator=g)
-    assign = torch.randperm(c * b, generator=g) % c
-    cents = torch.stack([W[assign == k].mean(0) for k in range(c)])
+    W, cents, assign = random_clusters(g, c, b, d)
     head = heads.FlashHead(W, cents, assign, n_probes=1, special_ids=[5, 17])
     spec = torch.full((b,), -1, dtype=torch.long)
     spec[:2] = head.special
@@ -208,11 +213,7 @@ def test_flash_configuration_is_checked_on_the_host(kw, match):
 def test_the_heads_triton_decisions_accept_the_real_kernels():
     """heads.flash_triton / dense_triton on the real kernels (the interpreter): checked, agreeing, used."""
     heads = pytest.importorskip("lib.heads")
-    g = torch.Generator().manual_seed(3)
-    c, b, d = 24, 8, 16
-    W = torch.randn(c * b, d, generator=g)
-    assign = torch.randperm(c * b, generator=g) % c
-    cents = torch.stack([W[assign == k].mean(0) for k in range(c)])
+    W, cents, assign = random_clusters(torch.Generator().manual_seed(3), 24, 8, 16)
     head = heads.FlashHead(W, cents, assign, 3, [1, 2])
     fn, why = heads.flash_triton(head)
     assert why == "" and fn(W[5][None]).item() == head.reference(W[5][None]).item()
