@@ -15,13 +15,16 @@ MICRO = {"head": {"dense": {"mean_ms": 1.0}, "flash": {"mean_ms": 1.0}, "speedup
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
-    """smoke (fp32 on a CPU, bench.head_kernel: triton, the default), cut to a few short samples."""
-    p = load_profile("smoke")
-    assert p.bench.head_kernel == "triton"
-    return replace(p, prompts=replace(p.prompts, per_group=1, limit=1),
-                   decode=replace(p.decode, max_new_tokens=4, modes=["baseline", *DRAFTS], schedules=["ordinary"],
-                                  k_policies=["fixed"]),
-                   bench=replace(p.bench, e2e_warmup=0))
+    """smoke (fp32 on a CPU, bench.head_kernel: triton, the default), cut to a few short samples, writing to its
+    own outputs (never the scratch smoke outputs that nbval's notebooks read after the unit tests)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STUDY_OUTPUTS", str(tmp_path_factory.mktemp("outputs")))
+        p = load_profile("smoke")
+        assert p.bench.head_kernel == "triton"
+        yield replace(p, prompts=replace(p.prompts, per_group=1, limit=1),
+                      decode=replace(p.decode, max_new_tokens=4, modes=["baseline", *DRAFTS], schedules=["ordinary"],
+                                     k_policies=["fixed"]),
+                      bench=replace(p.bench, e2e_warmup=0))
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,7 @@ def test_aggregate_and_summary_name_the_kernel(profile, run):
 
 
 def test_older_runs_without_the_record_read_as_unrecorded(profile, run):
-    old = run.with_name(run.name + "-old")                               # a run made before kernels were recorded
+    old = run.with_name("e2e-20000101T000000")                           # a run made before kernels were recorded
     old.mkdir()
     cfg = json.loads((run / "config.json").read_text())
     del cfg["kernels"]
