@@ -235,11 +235,3 @@ def adaptive_study(profile: Profile, target_model=None, n_prompts: int | None = 
               "e2e_run": run.name if run else None, "policies": rows}
     runs.save_json(profile, "adaptive.json", result)
     return result
-
-
-def summary(profile: Profile) -> dict:
-    """summary.json's `adaptive` section: adaptive.json's policy rows and regret, if the study ran."""
-    if not (profile.out_dir / "adaptive.json").exists():
-        return {}
-    a = runs.read_json(profile, "adaptive.json")
-    return {"adaptive": {k: a[k] for k in ("schedule", "k", "prompts", "e2e_run", "regret", "policies")}}

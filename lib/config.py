@@ -352,6 +352,11 @@ def read_yaml(path: Path):
         raise ConfigError(f"{where}: {getattr(e, 'problem', None) or e}") from None
 
 
+def thesis_numbers() -> dict:
+    """The thesis's published tables (params/thesis_tables.yaml): data, not a profile."""
+    return yaml.safe_load((PARAMS / "thesis_tables.yaml").read_text())
+
+
 def known_profiles() -> list[str]:
     return sorted(p.stem for p in PARAMS.glob("*.yaml") if not p.stem.startswith("thesis_"))
 

@@ -7,7 +7,7 @@ import pandas as pd
 
 from . import modes
 from .modes import DEFERRED, ORDINARY, PIPELINED
-from .report import thesis_numbers
+from .config import thesis_numbers
 
 
 def expected_emitted(alpha: float, k: int) -> float:

@@ -7,20 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from . import modes
-from .config import PARAMS, Profile, outputs_root
+from .config import Profile, outputs_root, thesis_numbers
 from .modes import DEFERRED, ORDINARY, PIPELINED
 
 
 def thesis_modes(schedule: str) -> list[str]:
     """The modes the thesis compares under a schedule: baseline, dense draft, FlashHead draft."""
     return [modes.BASELINE, modes.name("dense", schedule), modes.name("flash", schedule)]
-
-
-def thesis_numbers() -> dict:
-    return yaml.safe_load((PARAMS / "thesis_tables.yaml").read_text())
 
 
 def records_frame(records: list[dict]) -> pd.DataFrame:
@@ -310,6 +305,20 @@ def run_source(profile: Profile, run: Path) -> dict:
     wrote = [cfg.get("commit", "unknown"), *(r.get("commit", "unknown") for r in cfg.get("resumed", []))]
     return {"run": str(Path(run).relative_to(profile.out_dir)), "run_commit": cfg.get("commit", "unknown"),
             "run_started": cfg.get("started"), "sample_commits": list(dict.fromkeys(wrote))}   # each resume's too
+
+
+def extra_summary(profile: Profile) -> dict:
+    """Profile-specific additions to summary.json: target-step timings, and the peer, adaptive and sampling
+    studies' sections where they ran (their files without their raw rows)."""
+    from .sampling_study import summary_section as sampling_section
+    read = lambda name: json.loads((profile.out_dir / name).read_text())
+    out = {"target_step": read("target_step.json")} if (profile.out_dir / "target_step.json").exists() else {}
+    if (profile.out_dir / "peers.json").exists():
+        out["peers"] = {k: v for k, v in read("peers.json").items() if k != "rows"}
+    if (profile.out_dir / "adaptive.json").exists():
+        a = read("adaptive.json")
+        out["adaptive"] = {k: a[k] for k in ("schedule", "k", "prompts", "e2e_run", "regret", "policies")}
+    return {**out, **sampling_section(profile)}
 
 
 def summary(profile: Profile, device: str, clus: dict, micro: dict, agg: pd.DataFrame, run: Path,

@@ -336,18 +336,6 @@ def call_costs(profile: Profile, drafts=None) -> dict:
     return {d: costmodel.call_costs(micro, steps, d) for d in (drafts or profile.decode.modes) if d != modes.BASELINE}
 
 
-def extra_summary(profile: Profile) -> dict:
-    """Profile-specific additions to summary.json: target-step timings, and the peer, adaptive and sampling
-    studies' sections where they ran."""
-    from .adaptive_study import summary as adaptive_summary
-    from .sampling_study import summary_section as sampling_summary
-    path, peers = profile.out_dir / "target_step.json", profile.out_dir / "peers.json"
-    out = {"target_step": json.loads(path.read_text())} if path.exists() else {}
-    if peers.exists():                                                        # the raw rows stay in peers.json
-        out["peers"] = {k: v for k, v in json.loads(peers.read_text()).items() if k != "rows"}
-    return {**out, **adaptive_summary(profile), **sampling_summary(profile)}
-
-
 def decoded_samples(profile: Profile, records: list[dict], n: int = 3):
     """The text of the first n prompts' outputs, baseline beside every speculative mode (first iteration)."""
     import pandas as pd

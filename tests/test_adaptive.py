@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lib import adaptive, config, engines, modes, runs, study
+from lib import adaptive, config, engines, modes, report, runs, study
 from lib.adaptive import AdaptiveFlashHead, BanditDraft, Thompson, UCB1, mean_probes
 from lib.blocks import FixedK, GrowK
 from lib.engines import make_target
@@ -192,7 +192,7 @@ def test_adaptive_study_compares_every_policy_with_fixed_settings(smoke, smoke_r
         assert row["best_fixed"] == drafter and 1 <= row["mean_k"] <= smoke.decode.k_max
         assert a["drafters"][f"{drafter}_kgrow"]["exact_match"] == 1.0
     assert a["drafters"]["dense"]["mean_k"] == pytest.approx(smoke.decode.k, abs=1)   # fixed K (the last block may be cut)
-    assert adaptive_study.summary(smoke)["adaptive"]["policies"] == a["policies"]
+    assert report.extra_summary(smoke)["adaptive"]["policies"] == a["policies"]
 
 
 @pytest.mark.parametrize("section,kw,match", [

@@ -61,7 +61,7 @@ def test_smoke_peers_equal_engine_greedy(smoke, smoke_data):
 
 
 def test_summary_and_table(smoke, smoke_data):
-    section = study.extra_summary(smoke)["peers"]
+    section = report.extra_summary(smoke)["peers"]
     assert set(section) == {"config", "aggregate", "written"}                   # raw rows stay in peers.json
     agg = pd.DataFrame({"decode_tok_s": [100.0, 150.0, 120.0], "decode_total_ms": [1000.0, 600.0, 800.0],
                         "ttft_ms": [10.0, 10.0, 10.0], "samples": [10, 10, 10], "exact_match_rate": [1.0, 1.0, 1.0]},

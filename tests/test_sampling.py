@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from lib import sampling, sampling_study, study
+from lib import report, sampling, sampling_study, study
 from lib.config import ConfigError, load_profile
 from lib.runs import save_json
 from lib.engines import make_draft, make_target
@@ -175,7 +175,7 @@ def test_study_records_and_summary(engines):
             assert len({r["seed"] for r in same}) == 1 and len({r["tokens"][0] for r in same}) == 1
     data = sampling_study.result(p, samples, {})
     save_json(p, "sampling.json", data)
-    section = study.extra_summary(p)["sampling"]
+    section = report.extra_summary(p)["sampling"]
     assert "samples" not in section and section["rows"] == json.loads(json.dumps(data["rows"]))
     for row in data["rows"]:
         rs = [r for r in samples if r["mode"] == row["mode"] and r["temperature"] == row["temperature"]]
