@@ -100,7 +100,7 @@ def run_drafters(profile: Profile, target, drafts: dict, enc: list, schedule: st
     pass of the fixed drafters. Sums per drafter, checked against greedy output."""
     k, n = profile.decode.k, profile.decode.max_new_tokens
     for name, d in drafts.items():
-        if not name.startswith("bandit"):
+        if name not in modes.BANDITS:
             adaptive.generate(target, d, enc[0][1], n, FixedK(k), schedule, stop)
     runs_of = {name: (d, lambda: FixedK(k)) for name, d in drafts.items()}
     runs_of.update({name: (drafts[drafter], policy) for name, (drafter, policy) in (k_policies or {}).items()})

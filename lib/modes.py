@@ -20,6 +20,7 @@ BASELINE = "baseline"
 DRAFTS = {"dense": "Dense", "dense_shared": "Dense shared", "flash": "FlashHead", "flash_full": "FlashHead full-depth",
           "flash_adaptive": "FlashHead adaptive probes", "bandit_ucb": "Bandit (UCB1)", "bandit_thompson": "Bandit (Thompson)"}
 ADAPTIVE_DRAFTS = ("flash_adaptive", "bandit_ucb", "bandit_thompson")
+BANDITS = ("bandit_ucb", "bandit_thompson")     # rewarded with tokens per ms: their choices follow measured timings
 
 # schedule -> label suffix (see lib/speculative.py for what each does)
 SCHEDULES = {"ordinary": "", "pipelined": ", pipelined", "deferred": ", deferred"}
@@ -29,6 +30,12 @@ ORDINARY, PIPELINED, DEFERRED = SCHEDULES
 # block-length policy -> label suffix (see lib/blocks.py); "fixed" adds nothing to a mode's name
 K_POLICIES = {"fixed": "", "grow": ", K by acceptance", "cost": ", K by cost model"}
 FIXED, GROW, COST = K_POLICIES
+
+
+def follows_timings(draft: str, k_policy: str | None) -> bool:
+    """Whether a mode's tokens per round (hence acceptance) follow this machine's measured timings: the bandits
+    (rewarded with tokens per ms) and the cost-model block policy (its K from measured call costs)."""
+    return draft in BANDITS or k_policy == COST
 
 
 def name(draft: str, schedule: str | None, k_policy: str | None = FIXED) -> str:

@@ -276,3 +276,9 @@ def test_extends_an_unknown_profile_or_a_cycle_is_refused(tmp_path):
 def test_extended_profile_still_validates_the_merged_result(tmp_path):
     msg = load_error(tmp_path, {"extends": "smoke", "decode": {"k": 0}})
     assert "decode.k must be >= 1" in msg
+
+
+def test_the_modes_whose_counters_follow_timings():
+    from lib import modes
+    assert modes.follows_timings("bandit_ucb", "fixed") and modes.follows_timings("dense", "cost")
+    assert not modes.follows_timings("flash", "grow") and not modes.follows_timings("flash_adaptive", "fixed")
