@@ -10,10 +10,10 @@ from collections import Counter
 import torch
 
 from . import adaptive, checkpoints, engines, modes, runs, study
-from .progress import note, steps
 from .blocks import FixedK, make_policy
 from .config import Profile
 from .heads import GraphedHead
+from .progress import note, steps
 from .speculative import Draft, generate_baseline
 
 
@@ -106,12 +106,10 @@ def run_drafters(profile: Profile, target, drafts: dict, enc: list, schedule: st
     runs_of.update({name: (drafts[drafter], policy) for name, (drafter, policy) in (k_policies or {}).items()})
     names, sums = list(runs_of), {name: Counter() for name in runs_of}
     choices, probes = {name: Counter() for name in names}, {name: Counter() for name in names}
+    greedy = [generate_baseline(target, ids, n, stop).tokens for _, ids in enc]     # what every drafter must equal
     work = [(i, name) for i in range(len(enc)) for name in names[i % len(names):] + names[:i % len(names)]]
-    greedy = {}
     for i, name in steps(work, "adaptive study", "runs"):
         ids = enc[i][1]
-        if i not in greedy:
-            greedy = {i: generate_baseline(target, ids, n, stop).tokens}
         draft, policy = runs_of[name]
         res = adaptive.generate(target, draft, ids, n, policy(), schedule, stop)
         blocks = [b for b in res.block_lengths if b > 0]

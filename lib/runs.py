@@ -9,11 +9,10 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-
 from . import adaptive, modes
-from .progress import note, steps
-from .config import ROOT, Profile, as_dict
 from .blocks import make_policy
+from .config import ROOT, Profile, as_dict
+from .progress import note, steps
 from .speculative import Result, generate_baseline
 
 
