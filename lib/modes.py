@@ -65,3 +65,8 @@ ENGINE_BASELINE = "engine_baseline"
 
 # the schedules speculative sampling supports (lib/sampling.py)
 SAMPLING_SCHEDULES = (ORDINARY, DEFERRED)
+
+# Notebook 03's side studies after the end-to-end run, each on the first prompts.side_prompts prompts.
+SIDE_STUDIES = {"sampling": "exact speculative sampling (sampling.json)", "adaptive": "adaptive drafts (adaptive.json)",
+                "peers": "Hugging Face generate() peers (peers.json)",
+                "invariance": "batch-invariant target calls on and off: step times, exact match (invariance.json)"}

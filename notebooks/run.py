@@ -2,7 +2,7 @@
 
     python notebooks/run.py PROFILE [--launcher local|slurm] [--fresh]
 
-1. Preflight (`python -m lib.preflight PROFILE`): on failure print its line and exit 2, touching nothing.
+1. Preflight (`python -m lib.study.preflight PROFILE`): on failure print its line and exit 2, touching nothing.
 2. Each notebooks/0*.ipynb in order, into $STUDY_OUTPUTS/PROFILE/ (default outputs/PROFILE/), skipped when up
    to date: its stamp .stamps/<name>.json records the sha256 of what it depends on (the profile file and the
    profiles it extends, the notebook, every lib/ module, the earlier notebooks' stamps, so rerunning 01 makes
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from lib.config import profile_files  # noqa: E402 - the profile and those it extends (no model code)
 from watch import Watch, duration  # noqa: E402 - notebooks/watch.py, beside this file
 
-PREFLIGHT = [sys.executable, "-m", "lib.preflight"]
+PREFLIGHT = [sys.executable, "-m", "lib.study.preflight"]
 # Progress bars would land in executed notebooks as stderr outputs and widget state; the profiler's
 # start/stop lines (kineto, level 5) would land in the terminal and the notebook.
 QUIET_ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
@@ -259,7 +259,7 @@ def closing_summary(out: Path, took: dict[str, float | None]) -> list[str]:
                                    for n, t in took.items())]
     summary = out / "summary.json"
     if summary.exists():
-        from lib.headline import headline
+        from lib.report.headline import headline
         lines += headline(json.loads(summary.read_text()))
     return lines
 

@@ -44,14 +44,14 @@ def syn() -> Synthetic:
 @pytest.fixture(scope="session")
 def pair(syn):
     """(target, draft) Qwen3ForCausalLM, float32 on the CPU, never written to disk."""
-    from lib.synthetic import make_pair
+    from lib.models.synthetic import make_pair
     return make_pair(syn, 0, "float32", "cpu")
 
 
 @pytest.fixture(scope="session")
 def draft_clustering(pair):
     """Equal-size clustering of the draft's (tied) output embeddings: (W, centroids, assignments)."""
-    from lib import clustering as cl
+    from lib.models import clustering as cl
     W = pair[1].get_output_embeddings().weight.detach()
     assign = cl.spherical_kmeans(W, N_CLUSTERS, 8, seed=0, equal=True, candidates=8, progress=False)
     cents = cl.centroids_of(cl.unit(W.float()), assign, N_CLUSTERS)

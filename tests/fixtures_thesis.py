@@ -7,7 +7,7 @@
                       packed int32 qzeros (in/128, out/8) and fp16 scales (in/128, out); everything else fp16.
                       Returns an fp32 reference model holding exactly the dequantised weights.
   write_flash_qwen3   a FlashHead checkpoint (like embedl/Qwen3-0.6B-FlashHead) made from a dense directory with
-                      lib.flash_checkpoint.save_flash_checkpoint and an equal-size spherical k-means of its output embeddings.
+                      lib.models.flash_checkpoint.save_flash_checkpoint and an equal-size spherical k-means of its output embeddings.
 
 The AWQ packing follows gptqmodel 7.6.0 (gptqmodel/quantization/awq/utils/packing_utils.py: AWQ_ORDER,
 pack_awq, dequantize_gemm; gptqmodel/nn_modules/qlinear/gemm_awq.py AwqGEMMLinear.pack): nibble i (bits
@@ -15,7 +15,7 @@ pack_awq, dequantize_gemm; gptqmodel/nn_modules/qlinear/gemm_awq.py AwqGEMMLinea
 and the kernel computes W[in, out] = (q - z) * s per group of 128 input rows. Packing in plain order instead
 gives logits off by about their own size, so the reference comparison in the tests checks the order.
 
-thesis_pair() gives a target/draft pair in these formats: lib.synthetic's pair (shared vocabulary and
+thesis_pair() gives a target/draft pair in these formats: lib.models.synthetic's pair (shared vocabulary and
 'language', so speculative decoding accepts tokens) with AWQ-compatible shapes (every quantised in_features a
 multiple of 128, every out_features a multiple of 8).
 """
@@ -29,11 +29,11 @@ import torch
 from safetensors.torch import save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from lib import clustering as cl
+from lib.models import clustering as cl
 from lib import prompts as prompt_lib
 from lib.config import Shape, Synthetic
-from lib.flash_checkpoint import save_flash_checkpoint, special_token_ids
-from lib.synthetic import make_pair, make_tokenizer
+from lib.models.flash_checkpoint import save_flash_checkpoint, special_token_ids
+from lib.models.synthetic import make_pair, make_tokenizer
 
 BITS = 4
 GROUP = 128
@@ -165,7 +165,7 @@ def write_awq_qwen3(out_dir: str | Path, model: Qwen3ForCausalLM | None = None, 
 def write_flash_qwen3(dense_dir: str | Path, out_dir: str | Path, n_clusters: int = N_CLUSTERS,
                       n_probes: int = N_PROBES, seed: int = 0) -> Path:
     """A FlashHead checkpoint from a dense directory: equal-size spherical k-means of its (tied) output
-    embeddings, written by lib.flash_checkpoint.save_flash_checkpoint."""
+    embeddings, written by lib.models.flash_checkpoint.save_flash_checkpoint."""
     from transformers import AutoTokenizer
     model = Qwen3ForCausalLM.from_pretrained(dense_dir, dtype=torch.float32)
     W = model.get_output_embeddings().weight.detach()

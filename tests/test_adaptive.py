@@ -3,17 +3,23 @@ to greedy decoding; the probe count stays in its bounds and meets FlashHead at i
 sampling explore every arm and then settle on the best one; bad settings are refused with a clear message."""
 import random
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from lib import adaptive, config, engines, modes, report, runs, study
-from lib.adaptive import AdaptiveFlashHead, BanditDraft, Thompson, UCB1, mean_probes
-from lib.blocks import FixedK, GrowK
-from lib.engines import make_target
-from lib.heads import DenseHead, FlashHead, GraphedHead
-from lib.runner import Runner
-from lib.speculative import Draft, generate_baseline
+from lib import results
+from lib import config, modes
+from lib.models import build as engines
+from lib import report
+from lib.study import speculative
+from lib.engine.adaptive import AdaptiveFlashHead, AdaptiveProbeDraft, BanditDraft, Thompson, UCB1, mean_probes
+from lib.engine.blocks import FixedK, GrowK
+from lib.engine import adaptive
+from lib.models.build import make_target
+from lib.engine.heads import DenseHead, FlashHead, GraphedHead
+from lib.engine.runner import Runner
+from lib.engine.speculative import Request, generate_baseline, generate_speculative
 
 from conftest import N_CLUSTERS, SPECIAL_IDS, VOCAB
 
@@ -39,7 +45,7 @@ def hidden(pair):
 
 @pytest.fixture(scope="module")
 def baselines(pair):
-    return {n: generate_baseline(make_target(pair[0], MAX_LEN), prompt_of(n), MAX_NEW).tokens for n in PROMPTS}
+    return {n: generate_baseline(make_target(pair[0], MAX_LEN), Request(prompt_of(n), MAX_NEW)).tokens for n in PROMPTS}
 
 
 def bandit_draft(pair, flash, bandit_cls) -> BanditDraft:
@@ -121,24 +127,49 @@ def test_bandit_needs_two_distinct_known_arms():
 
 @pytest.mark.parametrize("schedule", ["ordinary", "deferred", "pipelined"])
 def test_adaptive_probe_draft_keeps_greedy_output(pair, flash, baselines, schedule):
-    draft = Draft(Runner(pair[1], MAX_LEN), GraphedHead(AdaptiveFlashHead(flash, 0.9, 1, 16)))
+    draft = AdaptiveProbeDraft(Runner(pair[1], MAX_LEN), GraphedHead(AdaptiveFlashHead(flash, 0.9, 1, 16)))
     for n in PROMPTS:
-        res = adaptive.generate(make_target(pair[0], MAX_LEN), draft, prompt_of(n), MAX_NEW, FixedK(4), schedule)
+        res = generate_speculative(make_target(pair[0], MAX_LEN), draft, Request(prompt_of(n), MAX_NEW, schedule, FixedK(4)))
         assert res.tokens == baselines[n]
         assert sum(res.probe_counts) >= res.proposed and all(c == 0 for c in res.probe_counts[:1])
 
 
 @pytest.mark.parametrize("bandit_cls", [UCB1, Thompson])
-@pytest.mark.parametrize("schedule", ["ordinary", "deferred"])
+@pytest.mark.parametrize("schedule", ["ordinary", "deferred", "pipelined"])
 def test_bandit_draft_keeps_greedy_output_and_records_its_choices(pair, flash, baselines, schedule, bandit_cls):
     draft = bandit_draft(pair, flash, bandit_cls)
     for n in PROMPTS:
         for policy in (FixedK(3), GrowK(2, 6)):
-            res = adaptive.generate(make_target(pair[0], MAX_LEN), draft, prompt_of(n), MAX_NEW, policy, schedule)
+            res = generate_speculative(make_target(pair[0], MAX_LEN), draft, Request(prompt_of(n), MAX_NEW, schedule, policy))
             assert res.tokens == baselines[n]
             assert len(res.choices) == res.rounds and set(res.choices) <= set(draft.arms)
     assert all(v > 0 for v in draft.bandit.n.values())                   # every arm was tried and rewarded
 
+
+
+class RecordingUCB1(UCB1):
+    """UCB1 that keeps every reward it is given."""
+    def __init__(self, arms):
+        super().__init__(arms)
+        self.rewards = []
+
+    def update(self, arm, reward):
+        super().update(arm, reward)
+        self.rewards.append(reward)
+
+
+def test_bandit_reward_is_tokens_per_ms_of_each_round(pair, flash, monkeypatch):
+    # The draft reads the clock once at each round's start and once at its end; a fake clock that moves 1 ms per
+    # read makes a round last 2 ms up to the next round's start, and the last round 1 ms up to its own end.
+    t = iter(range(10**6))
+    monkeypatch.setattr(adaptive, "time", SimpleNamespace(perf_counter=lambda: next(t) / 1000))
+    draft = bandit_draft(pair, flash, RecordingUCB1)
+    res = generate_speculative(make_target(pair[0], MAX_LEN), draft, Request(prompt_of(30), MAX_NEW, "ordinary", 3))
+    last = res.rounds - 1
+    want = [(a + 1) / (1 if i == last else 2) for i, (a, kk) in enumerate(zip(res.accepted_lengths, res.block_lengths))
+            if kk > 0]                                                   # a round with no room is not rewarded
+    assert draft.bandit.rewards == pytest.approx(want)
+    assert len(res.choices) == res.rounds
 
 # the profile's modes, built by lib/engines.py and run by lib/runs.py on smoke
 
@@ -153,7 +184,7 @@ def smoke(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def smoke_run(smoke):
-    return runs.read_records(study.run_speculative(smoke, fresh=True))
+    return results.read_records(speculative.run_speculative(smoke, fresh=True))
 
 
 def test_smoke_adaptive_modes_equal_greedy_and_record_choices(smoke, smoke_run):
@@ -170,7 +201,7 @@ def test_smoke_adaptive_modes_equal_greedy_and_record_choices(smoke, smoke_run):
 
 
 def test_adaptive_study_compares_every_policy_with_fixed_settings(smoke, smoke_run):
-    from lib import adaptive_study
+    from lib.study import adaptive as adaptive_study
     a = adaptive_study.adaptive_study(smoke, n_prompts=1)
     assert all(s["exact_match"] == 1.0 for s in a["drafters"].values())
     pr = a["probes"]
@@ -206,14 +237,14 @@ def test_bad_profile_settings_are_refused(section, kw, match):
     else:
         p = replace(p, decode=replace(p.decode, bandit=replace(p.decode.bandit, **kw)))
     with pytest.raises(config.ConfigError, match=match):
-        config._validate(p, "smoke.yaml")
+        config.validate(p, "smoke.yaml")
 
 
 def test_adaptive_drafts_need_fixed_k():
     p = config.load_profile("smoke")
     p = replace(p, decode=replace(p.decode, modes=["flash_adaptive"], k_policies=["grow"]))
     with pytest.raises(config.ConfigError, match="fixed K only"):
-        config._validate(p, "smoke.yaml")
+        config.validate(p, "smoke.yaml")
 
 
 def test_bandit_arms_come_from_the_profile():
@@ -239,7 +270,7 @@ def test_engines_capture_every_length_their_block_policies_reach(smoke, monkeypa
 def test_adaptive_probes_are_set_against_fixed_probes_at_fixed_k():
     """A block policy on FlashHead (flash_p16_kcost) may be the fastest drafter; the adaptive probe rows still
     compare with the best fixed probe count at fixed K, and the policy with its own drafter."""
-    from lib import adaptive_study
+    from lib.study import adaptive as adaptive_study
     row = lambda tok_s: {"decode_tok_s": tok_s, "acceptance": 0.5, "mean_probes": 9.0, "mean_k": 3.0}
     stats = {"flash_p4": row(10.0), "flash_p16": row(12.0), "flash_p16_kcost": row(20.0), "adaptive_t0.9": row(11.0)}
     rows = adaptive_study.study_rows(stats, {}, {"flash_p16_kcost": ("flash_p16", None)})

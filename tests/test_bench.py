@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 import lib.bench as bench
-import lib.runs as runs_lib
+import lib.study.runs as runs_lib
+from lib import results
 
 
 # stats
@@ -98,8 +99,8 @@ def test_new_run_never_reuses_a_directory(tmp_path, same_second):
     for r in runs:
         assert r.parent == tmp_path / "runs" and r.name.startswith("e2e-20250102T030405")
         assert user_keys(r) == {"profile": "tiny", "path": "/x"}
-        assert runs_lib.read_records(r) == []
-        assert not runs_lib.finished(r)
+        assert results.read_records(r) == []
+        assert not results.finished(r)
 
 
 def test_new_run_real_clock_twice_in_a_row(tmp_path):
@@ -118,25 +119,25 @@ def test_append_and_read_records(tmp_path):
     recs = [{"mode": "baseline", "tokens": [1, 2]}, {"mode": "flash_ordinary", "tokens": [3]}]
     for r in recs:
         runs_lib.append_record(run, r)
-    assert runs_lib.read_records(run) == recs
+    assert results.read_records(run) == recs
 
 
 def test_append_record_refuses_a_finished_run(tmp_path):
     run = runs_lib.new_run(tmp_path, {})
     runs_lib.append_record(run, {"i": 0})
     runs_lib.mark_finished(run)
-    assert runs_lib.finished(run)
+    assert results.finished(run)
     with pytest.raises(RuntimeError, match="finished"):
         runs_lib.append_record(run, {"i": 1})
-    assert runs_lib.read_records(run) == [{"i": 0}]
+    assert results.read_records(run) == [{"i": 0}]
 
 
 def test_latest_run_without_runs(tmp_path):
     with pytest.raises(FileNotFoundError):
-        runs_lib.latest_run(tmp_path)                                      # no runs/ folder at all
+        results.latest_run(tmp_path)                                      # no runs/ folder at all
     runs_lib.new_run(tmp_path, {})                                         # an unfinished run only
     with pytest.raises(FileNotFoundError, match="no finished e2e run"):
-        runs_lib.latest_run(tmp_path)
+        results.latest_run(tmp_path)
 
 
 def test_latest_run_ignores_unfinished_and_other_names(tmp_path, monkeypatch):
@@ -147,6 +148,7 @@ def test_latest_run_ignores_unfinished_and_other_names(tmp_path, monkeypatch):
         def now(cls, tz=None):
             return datetime(2025, 1, 1, 0, 0, next(stamps), tzinfo=timezone.utc)
     monkeypatch.setattr(runs_lib, "datetime", Ticking)
+    monkeypatch.setattr(results, "datetime", Ticking)                       # finish times (mark_finished)
     old = runs_lib.new_run(tmp_path, {})
     runs_lib.mark_finished(old)
     newer = runs_lib.new_run(tmp_path, {})
@@ -154,15 +156,15 @@ def test_latest_run_ignores_unfinished_and_other_names(tmp_path, monkeypatch):
     runs_lib.new_run(tmp_path, {})                                         # newest, but unfinished
     other = runs_lib.new_run(tmp_path, {}, name="micro")
     runs_lib.mark_finished(other)
-    assert runs_lib.latest_run(tmp_path) == newer
-    assert runs_lib.latest_run(tmp_path, name="micro") == other
+    assert results.latest_run(tmp_path) == newer
+    assert results.latest_run(tmp_path, name="micro") == other
 
 
 def test_latest_run_same_second(tmp_path, same_second):
     runs = [runs_lib.new_run(tmp_path, {}) for _ in range(3)]
     for r in runs:
         runs_lib.mark_finished(r)
-    assert runs_lib.latest_run(tmp_path) == runs[-1]
+    assert results.latest_run(tmp_path) == runs[-1]
 
 
 # Formerly a bug (latest_run): run names are compared as strings, so the same-second suffixes
@@ -172,7 +174,7 @@ def test_latest_run_many_in_the_same_second(tmp_path, same_second):
     runs = [runs_lib.new_run(tmp_path, {}) for _ in range(12)]
     for r in runs:
         runs_lib.mark_finished(r)
-    assert runs_lib.latest_run(tmp_path) == runs[-1]
+    assert results.latest_run(tmp_path) == runs[-1]
 
 
 def test_kernel_kinds_name_hopper_gemms_and_compiled_fusions():

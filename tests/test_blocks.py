@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from lib.blocks import CostK
+from lib.engine.blocks import CostK
 from lib.costmodel import expected_emitted, skip_share
 
 COSTS = {"T_p": {n: 10.0 + n for n in range(1, 9)}, "T_q": 1.0}

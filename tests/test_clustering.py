@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from lib import clustering as cl
-from lib.synthetic import family_embeddings
+from lib.models import clustering as cl
+from lib.engine.heads import cluster_to_token
+from lib.models.synthetic import family_embeddings
 
 from conftest import FAMILIES, VOCAB, tiny_synthetic
 
@@ -126,7 +127,7 @@ def test_cluster_to_token_is_a_consistent_permutation(request, data, c):
     X = X[0] if isinstance(X, tuple) else X
     n = X.shape[0]
     assign = cl.spherical_kmeans(X, c, 4, seed=0, candidates=4, progress=False)
-    m = cl.cluster_to_token(assign, c)
+    m = cluster_to_token(assign, c)
     assert m.shape == (c, n // c)
     assert torch.equal(m.flatten().sort().values, torch.arange(n))
     assert torch.equal(assign[m], torch.arange(c)[:, None].expand(c, n // c))
@@ -134,11 +135,11 @@ def test_cluster_to_token_is_a_consistent_permutation(request, data, c):
 
 def test_cluster_to_token_refuses_unequal_clusters():
     with pytest.raises(ValueError, match="equal size"):
-        cl.cluster_to_token(torch.tensor([0, 0, 0, 1]), 2)
+        cluster_to_token(torch.tensor([0, 0, 0, 1]), 2)
     with pytest.raises(ValueError):
-        cl.cluster_to_token(torch.tensor([0, 0, 1, 1]), 3)         # an empty cluster
+        cluster_to_token(torch.tensor([0, 0, 1, 1]), 3)         # an empty cluster
     with pytest.raises(ValueError):
-        cl.cluster_to_token(torch.tensor([0, 1, 2, 3]), 2)         # ids beyond c
+        cluster_to_token(torch.tensor([0, 1, 2, 3]), 2)         # ids beyond c
 
 
 # containment

@@ -197,7 +197,7 @@ def test_preflight_failure_stops_before_any_output(repo, monkeypatch, capsys):
 
 
 def test_preflight_is_lib_preflight_and_rejects_an_unknown_profile(repo, capsys):
-    assert driver.PREFLIGHT[1:] == ["-m", "lib.preflight"]
+    assert driver.PREFLIGHT[1:] == ["-m", "lib.study.preflight"]
     with pytest.raises(SystemExit) as e:
         driver.main(["no_such_profile"])
     assert e.value.code == 2

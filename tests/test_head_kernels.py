@@ -5,7 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from lib import engines, modes, report, runs, study
+from lib import results
+from lib.models import build as engines
+from lib import modes
+from lib import report
+from lib.study import runs, speculative
 from lib.config import load_profile
 
 DRAFTS = ["dense", "flash", "dense_shared", "flash_adaptive", "bandit_ucb"]
@@ -29,7 +33,7 @@ def profile(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run(profile):
-    return study.run_speculative(profile, fresh=True)
+    return speculative.run_speculative(profile, fresh=True)
 
 
 def test_a_run_records_the_kernel_of_every_engine_cpu_torch(run):
@@ -51,7 +55,7 @@ def test_engines_report_the_path_their_heads_run(profile):
 
 
 def test_aggregate_and_summary_name_the_kernel(profile, run):
-    agg = report.aggregate(report.records_frame(runs.read_records(run)), report.run_kernels(run))
+    agg = report.aggregate(report.records_frame(results.read_records(run)), report.run_kernels(run))
     assert set(agg.index) == {modes.BASELINE, *(modes.name(d, "ordinary") for d in DRAFTS)}
     assert (agg.head_kernel == "torch").all()
     s = report.summary(profile, "cpu", {}, MICRO, agg, run)
@@ -66,9 +70,9 @@ def test_older_runs_without_the_record_read_as_unrecorded(profile, run):
     (old / "config.json").write_text(json.dumps(cfg))
     (old / "samples.jsonl").write_text((run / "samples.jsonl").read_text())
     assert report.run_kernels(old) == {}
-    agg = report.aggregate(report.records_frame(runs.read_records(old)), report.run_kernels(old))
+    agg = report.aggregate(report.records_frame(results.read_records(old)), report.run_kernels(old))
     assert (agg.head_kernel == "unrecorded").all()
-    assert (report.aggregate(report.records_frame(runs.read_records(old))).head_kernel == "unrecorded").all()
+    assert (report.aggregate(report.records_frame(results.read_records(old))).head_kernel == "unrecorded").all()
     s = report.summary(profile, "cpu", {}, MICRO, agg, old)
     assert all(r["head_kernel"] == "unrecorded" for r in s["e2e"].values())
     # resuming such a run leaves its kernels unrecorded rather than claim them for its earlier samples

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lib.heads import DenseHead, FlashHead
+from lib.engine.heads import DenseHead, FlashHead
 
 from conftest import N_CLUSTERS, SPECIAL_IDS, VOCAB
 
@@ -163,7 +163,7 @@ def test_probes_are_exactly_the_top_p_clusters_for_every_p(c):
 @pytest.mark.parametrize("probes", [1, 3, N_CLUSTERS])
 def test_exact_fp32_selection_is_flashheads_on_fp32_inputs(draft_clustering, hidden, probes):
     """The reference the Triton path is checked against: on fp32 weights it is FlashHead's own selection."""
-    from lib.heads import exact_fp32
+    from lib.engine.heads import exact_fp32
     W, cents, assign = draft_clustering
     head = FlashHead(W.float(), cents.float(), assign, probes, SPECIAL_IDS)
     h = hidden[:50].float()
@@ -172,12 +172,12 @@ def test_exact_fp32_selection_is_flashheads_on_fp32_inputs(draft_clustering, hid
 
 # ---------------------------------------------------------------- kernel paths (issue 22 item 4)
 
-import lib.heads as heads_mod  # noqa: E402
+import lib.engine.heads as heads_mod  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
 
 def fake_kernels(dense=None, flash=None):
-    """A stand-in for lib.kernels: dense/flash are the kernel functions (h, W, ...) -> (1,) token."""
+    """A stand-in for lib.engine.kernels: dense/flash are the kernel functions (h, W, ...) -> (1,) token."""
     return lambda: SimpleNamespace(dense_greedy_triton=dense, flash_greedy_triton=flash)
 
 
@@ -195,7 +195,7 @@ def test_cpu_heads_run_torch_whatever_the_setting(parts):
     for kernel in ("torch", "triton"):
         fh = FlashHead(W, cents, assign, 2, SPECIAL_IDS, kernel=kernel)
         assert DenseHead(W, kernel).kernel_ran == fh.kernel_ran == fh.with_probes(4).kernel_ran == "torch"
-    from lib.heads import GraphedHead
+    from lib.engine.heads import GraphedHead
     assert GraphedHead(DenseHead(W, "triton")).kernel_ran == "torch"
     with pytest.raises(ValueError, match="head kernel"):
         DenseHead(W, "cuda")

@@ -25,13 +25,13 @@ def _restore_env():
 
 try:
     pytest.importorskip("triton")
-    if os.environ.get("TRITON_INTERPRET") != "1" or "lib.kernels" in sys.modules:
-        pytest.skip("triton or lib.kernels was imported without TRITON_INTERPRET=1: run this file alone",
+    if os.environ.get("TRITON_INTERPRET") != "1" or "lib.engine.kernels" in sys.modules:
+        pytest.skip("triton or lib.engine.kernels was imported without TRITON_INTERPRET=1: run this file alone",
                     allow_module_level=True)
 except pytest.skip.Exception:
     _restore_env()
     raise
-import lib.kernels as K  # noqa: E402
+import lib.engine.kernels as K  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -122,7 +122,7 @@ def random_clusters(g: torch.Generator, c: int, b: int, d: int):
 
 def test_flash_matches_flashhead_reference():
     """Against FlashHead.reference on tie-free random data (fp32 weights), specials included."""
-    heads = pytest.importorskip("lib.heads")
+    heads = pytest.importorskip("lib.engine.heads")
     g = torch.Generator().manual_seed(0)
     c, b, d = 50, 8, 32
     W, cents, assign = random_clusters(g, c, b, d)
@@ -212,7 +212,7 @@ def test_flash_configuration_is_checked_on_the_host(kw, match):
 
 def test_the_heads_triton_decisions_accept_the_real_kernels():
     """heads.flash_triton / dense_triton on the real kernels (the interpreter): checked, agreeing, used."""
-    heads = pytest.importorskip("lib.heads")
+    heads = pytest.importorskip("lib.engine.heads")
     W, cents, assign = random_clusters(torch.Generator().manual_seed(3), 24, 8, 16)
     head = heads.FlashHead(W, cents, assign, 3, [1, 2])
     fn, why = heads.flash_triton(head)

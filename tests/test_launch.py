@@ -7,11 +7,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lib import runs, study
+from lib import results
+from lib.study import runs, common, microbench, reclustering, speculative
+from lib.models import flash_checkpoint
 from lib.config import Slurm, load_profile
 
 pytest.importorskip("submitit")
-REAL_TREE_MATCHES = runs.tree_matches
+REAL_TREE_MATCHES = results.tree_matches
 
 
 @pytest.fixture(autouse=True)
@@ -19,7 +21,7 @@ def clean_commit(monkeypatch):
     """Every test here runs as if at one clean commit (resuming is refused across commits, and a dirty
     development tree would be one); STUDY_COMMIT claims are taken as they are unless a test checks them."""
     monkeypatch.setenv("STUDY_COMMIT", "abc123")
-    monkeypatch.setattr(runs, "tree_matches", lambda commit, paths=runs.CODE: True)
+    monkeypatch.setattr(results, "tree_matches", lambda commit, paths=results.CODE: True)
 
 
 @pytest.fixture
@@ -37,21 +39,21 @@ def keys(records):
 
 
 def new_run(profile):
-    enc = study.encoded_prompts(profile)
+    enc = common.encoded_prompts(profile)
     qids = [p.question_id for p, _ in enc]
-    return runs.new_run(profile.out_dir, runs.run_config(profile, qids, study.device_info(profile))), qids
+    return runs.new_run(profile.out_dir, runs.run_config(profile, qids, common.device_info(profile))), qids
 
 
 def test_submitit_local_shards_merge_into_one_results_set(profile):
     run, qids = new_run(profile)
-    runs.launch_slurm(profile, run, qids, study.run_shard, "local")
+    runs.launch_slurm(profile, run, qids, speculative.run_shard, "local")
     shard_files = sorted(p.name for p in run.glob("samples.shard*.jsonl"))
     assert shard_files == ["samples.shard000of002.jsonl", "samples.shard001of002.jsonl"]
     recs = runs.finish_run(run)
     assert not list(run.glob("samples.shard*.jsonl")) and (run / "samples.jsonl").exists()
     assert len(recs) == 3 * 3 and max(keys(recs).values()) == 1           # 3 prompts x 3 modes, no duplicates
     assert all(r["exact_match"] for r in recs)
-    assert runs.latest_run(profile.out_dir) == run
+    assert results.latest_run(profile.out_dir) == run
 
 
 def test_failed_shard_is_reported_and_rerun_resumes(profile):
@@ -59,141 +61,141 @@ def test_failed_shard_is_reported_and_rerun_resumes(profile):
     blocker = run / "samples.shard001of002.jsonl"
     blocker.mkdir()                                                       # shard 1 cannot write: it fails
     with pytest.raises(RuntimeError, match=r"(?s)1 of 2 shards failed.*to resume.*shard 1/2.*IsADirectoryError"):
-        study.run_speculative(profile, "submitit-local")
-    first = runs.read_records(run)
+        speculative.run_speculative(profile, "submitit-local")
+    first = results.read_records(run)
     assert len(first) == 2 * 3                                            # shard 0 holds prompts 0 and 2
     blocker.rmdir()
-    assert study.run_speculative(profile, "submitit-local") == run       # resume: only shard 1 has work
-    recs = runs.read_records(run)
-    assert runs.finished(run) and len(recs) == 9 and max(keys(recs).values()) == 1
+    assert speculative.run_speculative(profile, "submitit-local") == run       # resume: only shard 1 has work
+    recs = results.read_records(run)
+    assert results.finished(run) and len(recs) == 9 and max(keys(recs).values()) == 1
     assert keys(first) <= keys(recs)
     assert {tuple(r["tokens"]) for r in first} <= {tuple(r["tokens"]) for r in recs}   # kept, not redone
 
 
 def test_unknown_launcher_is_refused(profile):
     with pytest.raises(ValueError, match="unknown launcher"):
-        study.run_speculative(profile, "kubernetes")
+        speculative.run_speculative(profile, "kubernetes")
 
 
 # resume after an interruption (make reproduce runs notebook 03 again)
 
 def test_interrupted_run_is_resumed_and_says_so(profile, monkeypatch, capsys):
-    import lib.runs
-    real, calls = lib.runs.append_record, []
+    import lib.study.runs
+    real, calls = lib.study.runs.append_record, []
 
     def dies_after_four(run, rec, shard=(0, 1)):
         if len(calls) == 4:
             raise KeyboardInterrupt                                           # the user's Ctrl-C
         calls.append(rec)
         real(run, rec, shard)
-    monkeypatch.setattr(lib.runs, "append_record", dies_after_four)
+    monkeypatch.setattr(lib.study.runs, "append_record", dies_after_four)
     with pytest.raises(KeyboardInterrupt):
-        study.run_speculative(profile)
-    (run,) = runs.runs_of(profile.out_dir)
-    assert not runs.finished(run) and len(runs.read_records(run)) == 4
-    monkeypatch.setattr(lib.runs, "append_record", real)
-    assert study.run_speculative(profile) == run                              # same directory, finished now
+        speculative.run_speculative(profile)
+    (run,) = results.runs_of(profile.out_dir)
+    assert not results.finished(run) and len(results.read_records(run)) == 4
+    monkeypatch.setattr(lib.study.runs, "append_record", real)
+    assert speculative.run_speculative(profile) == run                              # same directory, finished now
     assert f"resuming run {run.name} (4 samples already recorded)" in capsys.readouterr().out
-    recs = runs.read_records(run)
-    assert runs.finished(run) and len(recs) == 9 and max(keys(recs).values()) == 1
+    recs = results.read_records(run)
+    assert results.finished(run) and len(recs) == 9 and max(keys(recs).values()) == 1
     cfg = __import__("json").loads((run / "config.json").read_text())
     assert [r["samples"] for r in cfg["resumed"]] == [4]                     # the run records the resume
 
 
 def test_fresh_starts_a_new_run_and_other_configurations_do_not_resume(profile):
     run, _ = new_run(profile)                                                 # unfinished, same configuration
-    assert study.run_speculative(profile, fresh=True) != run
+    assert speculative.run_speculative(profile, fresh=True) != run
     other = replace(profile, decode=replace(profile.decode, max_new_tokens=5))
-    assert study.run_speculative(other) not in (run,)
-    assert not runs.finished(run)                                             # left as it was
+    assert speculative.run_speculative(other) not in (run,)
+    assert not results.finished(run)                                             # left as it was
 
 
 def test_a_run_finished_at_this_clean_commit_is_reused_not_measured_again(profile, monkeypatch, capsys):
     monkeypatch.setenv("STUDY_COMMIT", "abc123")
-    run = study.run_speculative(profile)
-    samples, done = runs.read_records(run), (run / "DONE").read_text()
-    assert study.run_speculative(profile) == run and f"reusing finished run {run.name}" in capsys.readouterr().out
-    assert runs.read_records(run) == samples and (run / "DONE").read_text() == done
+    run = speculative.run_speculative(profile)
+    samples, done = results.read_records(run), (run / "DONE").read_text()
+    assert speculative.run_speculative(profile) == run and f"reusing finished run {run.name}" in capsys.readouterr().out
+    assert results.read_records(run) == samples and (run / "DONE").read_text() == done
     monkeypatch.setenv("STUDY_COMMIT", "abc123+dirty")                        # uncommitted code: measured anew
-    assert study.run_speculative(profile) != run
+    assert speculative.run_speculative(profile) != run
     monkeypatch.setenv("STUDY_COMMIT", "def456")                              # another commit: measured anew
-    assert study.run_speculative(profile) not in runs.runs_of(profile.out_dir)[:2]
+    assert speculative.run_speculative(profile) not in results.runs_of(profile.out_dir)[:2]
 
 
 def test_a_named_finished_run_is_reused_and_a_wrong_name_or_configuration_refused(profile, capsys):
-    run = study.run_speculative(profile)
-    samples = runs.read_records(run)
-    assert study.run_speculative(profile, reuse=run.name) == run and runs.read_records(run) == samples
+    run = speculative.run_speculative(profile)
+    samples = results.read_records(run)
+    assert speculative.run_speculative(profile, reuse=run.name) == run and results.read_records(run) == samples
     assert f"reusing finished run {run.name}" in capsys.readouterr().out
     with pytest.raises(ValueError, match="no finished run"):
-        study.run_speculative(profile, reuse="e2e-nonexistent")
+        speculative.run_speculative(profile, reuse="e2e-nonexistent")
     other = replace(profile, decode=replace(profile.decode, max_new_tokens=5))
     with pytest.raises(ValueError, match="profile differ"):
-        study.run_speculative(other, reuse=run.name)
+        speculative.run_speculative(other, reuse=run.name)
 
 
 def test_side_study_settings_do_not_change_the_e2e_configuration(profile):
-    run = study.run_speculative(profile)
+    run = speculative.run_speculative(profile)
     side = replace(profile, prompts=replace(profile.prompts, side_prompts=1),
                    sampling=replace(profile.sampling, temperatures=[0.7]))
-    assert study.run_speculative(side, reuse=run.name) == run
+    assert speculative.run_speculative(side, reuse=run.name) == run
 
 
 def test_result_files_name_the_commit_that_wrote_them(profile, monkeypatch):
     monkeypatch.setenv("STUDY_COMMIT", "abc123")
-    runs.save_json(profile, "probe.json", {"x": 1})
-    assert runs.read_json(profile, "probe.json")["written"]["commit"] == "abc123"
+    results.save_json(profile, "probe.json", {"x": 1})
+    assert results.read_json(profile, "probe.json")["written"]["commit"] == "abc123"
     monkeypatch.setenv("STUDY_COMMIT", "def456")                              # a later notebook adds its part
-    merged = runs.update_json(profile, "probe.json", {"part": {"y": 2}})
+    merged = results.update_json(profile, "probe.json", {"part": {"y": 2}})
     assert merged["part"]["written"]["commit"] == "def456" and merged["x"] == 1
-    assert runs.read_json(profile, "probe.json")["part"] == merged["part"]
+    assert results.read_json(profile, "probe.json")["part"] == merged["part"]
 
 
 def test_side_studies_are_the_profiles_unless_named(profile):
-    assert study.side_studies(profile) == ["sampling", "adaptive", "peers"]
-    assert study.side_studies(replace(profile, side_studies=[])) == []
-    assert study.side_studies(profile, "adaptive, peers") == ["adaptive", "peers"]
+    assert common.side_studies(profile) == ["sampling", "adaptive", "peers"]
+    assert common.side_studies(replace(profile, side_studies=[])) == []
+    assert common.side_studies(profile, "adaptive, peers") == ["adaptive", "peers"]
     with pytest.raises(ValueError, match=r"side_studies: unknown \['adaptiv'\]"):
-        study.side_studies(profile, "adaptiv")
+        common.side_studies(profile, "adaptiv")
 
 
 def test_notebook_02s_breakdown_can_run_again_over_its_own_file(profile):
     """A re-run reads back a stamped step_breakdown.json (and any part notebook 03 added) and still returns
     just the draft parts, each with its kinds."""
-    study.ensure_flash_checkpoint(profile)
+    flash_checkpoint.ensure_flash_checkpoint(profile)
     for _ in range(2):
-        bd = study.draft_step_breakdown(profile)
+        bd = microbench.draft_step_breakdown(profile)
         assert set(bd) == {"draft_dense", "draft_flash"} and all("by_kind_us" in v for v in bd.values())
-    assert set(runs.read_json(profile, "step_breakdown.json")) == {"draft_dense", "draft_flash", "written"}
+    assert set(results.read_json(profile, "step_breakdown.json")) == {"draft_dense", "draft_flash", "written"}
 
 
 def test_a_result_file_must_be_a_json_object(profile):
     with pytest.raises(TypeError, match="exit_depth.json: a result file holds a JSON object"):
-        runs.save_json(profile, "exit_depth.json", [{"depth": 1}])
+        results.save_json(profile, "exit_depth.json", [{"depth": 1}])
 
 
 def test_side_study_results_are_kept_only_when_this_clean_commit_wrote_them(profile, monkeypatch):
     monkeypatch.setenv("STUDY_COMMIT", "abc123")
-    assert runs.kept_json(profile, "sampling.json") is None                   # nothing written yet
-    runs.save_json(profile, "sampling.json", {"rows": [1]})
-    assert runs.kept_json(profile, "sampling.json")["rows"] == [1]
+    assert results.kept_json(profile, "sampling.json") is None                   # nothing written yet
+    results.save_json(profile, "sampling.json", {"rows": [1]})
+    assert results.kept_json(profile, "sampling.json")["rows"] == [1]
     monkeypatch.setenv("STUDY_COMMIT", "def456")                              # other code: measure again
-    assert runs.kept_json(profile, "sampling.json") is None
-    runs.save_json(profile, "sampling.json", {"rows": [2]})
+    assert results.kept_json(profile, "sampling.json") is None
+    results.save_json(profile, "sampling.json", {"rows": [2]})
     monkeypatch.setenv("STUDY_COMMIT", "def456+dirty")                        # uncommitted changes: measure again
-    assert runs.kept_json(profile, "sampling.json") is None
+    assert results.kept_json(profile, "sampling.json") is None
 
 
 def test_modes_leaving_the_baseline_at_one_point_share_one_gap_measurement(profile, monkeypatch):
-    from lib import checkpoints
-    recs = runs.read_records(study.run_speculative(profile))
+    from lib.models import checkpoints
+    recs = results.read_records(speculative.run_speculative(profile))
     base = next(r for r in recs if r["draft"] == "baseline")
     wrong = [{**base, "draft": "dense", "mode": m, "exact_match": False, "tokens": base["tokens"][:2] + [-5]}
              for m in ("dense_ordinary", "dense_deferred")]                  # both leave it at position 2
     calls = []
-    measure = study.logit_gaps
-    monkeypatch.setattr(study, "logit_gaps", lambda *a: calls.append(a) or measure(*a))
-    out = study.divergences(profile, recs + wrong, checkpoints.load_target(profile))
+    measure = speculative.logit_gaps
+    monkeypatch.setattr(speculative, "logit_gaps", lambda *a: calls.append(a) or measure(*a))
+    out = speculative.divergences(profile, recs + wrong, checkpoints.load_target(profile))
     assert [d["position"] for d in out] == [2, 2] and len(calls) == 1
     assert out[0]["gap_stepwise"] == out[1]["gap_stepwise"] >= 0 and out[0]["gap_batched"] >= 0
 
@@ -201,13 +203,13 @@ def test_modes_leaving_the_baseline_at_one_point_share_one_gap_measurement(profi
 def test_a_missing_flash_checkpoint_is_rebuilt_without_redoing_notebook_01(profile, monkeypatch, tmp_path):
     """A fresh machine has notebook 01's results but not its checkpoint: the same seeded clustering is written
     again, and clustering.json stays as notebook 01 left it."""
-    from lib.flash_checkpoint import read_flash_checkpoint
+    from lib.models.flash_checkpoint import read_flash_checkpoint
     monkeypatch.setenv("STUDY_MODELS", str(tmp_path / "models"))
-    study.recluster(profile, progress=False)
+    reclustering.recluster(profile, progress=False)
     first = read_flash_checkpoint(profile.flash_dir)
     measured = (profile.out_dir / "clustering.json").read_text()
     shutil.rmtree(profile.flash_dir)
-    assert study.ensure_flash_checkpoint(profile) == profile.flash_dir
+    assert flash_checkpoint.ensure_flash_checkpoint(profile) == profile.flash_dir
     again = read_flash_checkpoint(profile.flash_dir)
     assert torch.equal(first[2], again[2]) and torch.equal(first[1], again[1]) and first[0] == again[0]
     assert (profile.out_dir / "clustering.json").read_text() == measured
@@ -217,19 +219,19 @@ def test_a_missing_flash_checkpoint_is_rebuilt_without_redoing_notebook_01(profi
 
 def interrupted_run(profile, monkeypatch):
     """A run of `profile` stopped by Ctrl-C after two samples."""
-    import lib.runs
-    real, calls = lib.runs.append_record, []
+    import lib.study.runs
+    real, calls = lib.study.runs.append_record, []
 
     def dies_after_two(run, rec, shard=(0, 1)):
         if len(calls) == 2:
             raise KeyboardInterrupt
         calls.append(rec)
         real(run, rec, shard)
-    monkeypatch.setattr(lib.runs, "append_record", dies_after_two)
+    monkeypatch.setattr(lib.study.runs, "append_record", dies_after_two)
     with pytest.raises(KeyboardInterrupt):
-        study.run_speculative(profile)
-    monkeypatch.setattr(lib.runs, "append_record", real)
-    (run,) = runs.runs_of(profile.out_dir)
+        speculative.run_speculative(profile)
+    monkeypatch.setattr(lib.study.runs, "append_record", real)
+    (run,) = results.runs_of(profile.out_dir)
     return run
 
 
@@ -238,11 +240,11 @@ def test_resuming_a_run_started_at_another_commit_is_refused_in_one_line(profile
     run = interrupted_run(profile, monkeypatch)
     monkeypatch.setenv("STUDY_COMMIT", later)
     with pytest.raises(runs.ResumeRefused) as e:
-        study.run_speculative(profile)
+        speculative.run_speculative(profile)
     msg = str(e.value)
     assert "\n" not in msg and run.name in msg and "abc123" in msg and later in msg and "FRESH=1" in msg
-    assert len(runs.read_records(run)) == 2                                     # left as it was
-    assert study.run_speculative(profile, fresh=True) != run                    # FRESH=1 is the way out
+    assert len(results.read_records(run)) == 2                                     # left as it was
+    assert speculative.run_speculative(profile, fresh=True) != run                    # FRESH=1 is the way out
 
 
 def test_resume_across_commits_when_asked_and_the_summary_names_every_commit(profile, monkeypatch):
@@ -250,7 +252,7 @@ def test_resume_across_commits_when_asked_and_the_summary_names_every_commit(pro
     run = interrupted_run(profile, monkeypatch)
     monkeypatch.setenv("STUDY_COMMIT", "def456")
     monkeypatch.setenv("RESUME_ANY_COMMIT", "1")
-    assert study.run_speculative(profile) == run and runs.finished(run)
+    assert speculative.run_speculative(profile) == run and results.finished(run)
     assert report.run_source(profile, run)["sample_commits"] == ["abc123", "def456"]
 
 
@@ -268,8 +270,8 @@ def repo(tmp_path, monkeypatch):
     git("init", "-q")
     git("add", "-A")
     git("commit", "-qm", "c")
-    monkeypatch.setattr(runs, "ROOT", root)
-    monkeypatch.setattr(runs, "tree_matches", REAL_TREE_MATCHES)
+    monkeypatch.setattr(results, "ROOT", root)
+    monkeypatch.setattr(results, "tree_matches", REAL_TREE_MATCHES)
     return root, git("rev-parse", "HEAD")
 
 
@@ -279,36 +281,36 @@ def test_a_commit_claim_is_honoured_only_when_lib_and_notebooks_are_that_commits
     (root / "README.md").write_text("changed\n")                               # not code: still that commit
     (root / "lib" / "__pycache__").mkdir()
     (root / "lib" / "__pycache__" / "a.pyc").write_text("ignored")
-    assert runs.git_commit() == head
+    assert results.git_commit() == head
     (root / "lib" / "new.py").write_text("y = 2\n")                             # untracked code counts
     with pytest.raises(ValueError, match=f"STUDY_COMMIT={head}: lib/ or notebooks/ differ"):
-        runs.git_commit()
+        results.git_commit()
     (root / "lib" / "new.py").unlink()
     (root / "notebooks" / "n.ipynb").write_text("{ }\n")
     with pytest.raises(ValueError, match="differ from that commit's"):
-        runs.git_commit()
-    assert runs.git("diff", "--cached", "--name-only") == ""                    # the checkout's index untouched
+        results.git_commit()
+    assert results.git("diff", "--cached", "--name-only") == ""                    # the checkout's index untouched
     monkeypatch.setenv("STUDY_COMMIT", "0" * 40)
     with pytest.raises(ValueError, match="cannot be checked"):
-        runs.git_commit()
+        results.git_commit()
 
 
 def test_a_claim_with_a_code_digest_is_checked_without_git(repo, monkeypatch, tmp_path):
     """A GPU machine gets a copy of the tree without git metadata: the claim carries the code's digest."""
     root, head = repo
     monkeypatch.delenv("STUDY_COMMIT")                                          # claimed where the checkout is
-    claim = runs.commit_claim()
-    assert claim == f"{head}:{runs.code_digest()}"
+    claim = results.commit_claim()
+    assert claim == f"{head}:{results.code_digest()}"
     copy = tmp_path / "copy"
     shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".git"))
-    monkeypatch.setattr(runs, "ROOT", copy)
+    monkeypatch.setattr(results, "ROOT", copy)
     monkeypatch.setenv("STUDY_COMMIT", claim)
-    assert runs.git_commit() == head
+    assert results.git_commit() == head
     (copy / "lib" / "a.py").write_text("x = 3\n")
     with pytest.raises(ValueError, match="differ from the claimed code digest"):
-        runs.git_commit()
-    monkeypatch.setattr(runs, "ROOT", root)
+        results.git_commit()
+    monkeypatch.setattr(results, "ROOT", root)
     monkeypatch.delenv("STUDY_COMMIT")
     (root / "lib" / "a.py").write_text("x = 3\n")                              # a dirty checkout cannot claim
     with pytest.raises(ValueError, match="needs a checkout whose lib/ and notebooks/ are exactly its commit"):
-        runs.commit_claim()
+        results.commit_claim()

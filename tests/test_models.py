@@ -4,10 +4,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lib import flash_checkpoint
-from lib.checkpoints import load_model
-from lib.flash_checkpoint import read_flash_checkpoint, save_flash_checkpoint
-from lib.runner import Runner
+from lib.models import flash_checkpoint
+from lib.models.checkpoints import load_model
+from lib.models.flash_checkpoint import read_flash_checkpoint, save_flash_checkpoint
+from lib.engine.runner import Acceleration, Runner
 
 from conftest import DRAFT_D, N_CLUSTERS, SPECIAL_IDS, VOCAB
 
@@ -41,7 +41,7 @@ def test_runner_chunks_match_hf(pair, which, cuts):
     model = pair[which]
     ids = ids_of(17, seed=which + 10)
     ref = hf_logits(model, ids)
-    got = runner_logits(model, Runner(model, 32, graphs=False), ids, cuts)
+    got = runner_logits(model, Runner(model, 32), ids, cuts)
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
     assert torch.allclose(got, ref, atol=1e-4, rtol=0)
 
@@ -50,7 +50,7 @@ def test_runner_chunks_match_hf(pair, which, cuts):
 def test_runner_greedy_matches_hf(pair, which):
     model = pair[which]
     ids = ids_of(12, seed=3)
-    r = Runner(model, 16, graphs=False)
+    r = Runner(model, 16)
     got = torch.cat([r.greedy(ids[:, :7], 0, graph=False), r.greedy(ids[:, 7:], 7, graph=False)])
     assert torch.equal(got, hf_logits(model, ids).argmax(-1))
 
@@ -61,7 +61,7 @@ def test_runner_rewind_overwrites_stale_cache(pair, which):
     # that must be overwritten (and never attended to).
     model = pair[which]
     a, b = ids_of(16, seed=1), ids_of(16, seed=2)
-    r = Runner(model, 24, graphs=False)
+    r = Runner(model, 24)
     runner_logits(model, r, a, [8])                                   # fill the cache with sequence a
     mixed = torch.cat([a[:, :6], b[:, 6:]], dim=1)
     W = model.get_output_embeddings().weight
@@ -76,12 +76,12 @@ def test_runner_leaves_the_model_intact(syn, tmp_path):
     # A Runner may re-lay the model's weights out in memory, but the model must behave the same:
     # same state, same outputs, and it can still be saved and reloaded (with a fresh model, so the
     # test does not depend on which runners other tests built on the shared pair).
-    from lib.synthetic import make_pair
+    from lib.models.synthetic import make_pair
     _, model = make_pair(syn, 0, "float32", "cpu", ("draft",))
     ids = ids_of(9, 8)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     ref = hf_logits(model, ids)
-    runners = [Runner(model, 16, graphs=False) for _ in range(2)]        # two runners on one model
+    runners = [Runner(model, 16) for _ in range(2)]        # two runners on one model
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     assert torch.equal(hf_logits(model, ids), ref)
     for r in runners:
@@ -92,7 +92,7 @@ def test_runner_leaves_the_model_intact(syn, tmp_path):
 
 def test_runner_cache_overflow(pair):
     model = pair[1]
-    r = Runner(model, 16, graphs=False)
+    r = Runner(model, 16)
     r.forward(ids_of(16, 0), 0, graph=False)                           # exactly full is fine
     with pytest.raises(ValueError, match="16"):
         r.forward(ids_of(17, 0), 0, graph=False)
@@ -105,7 +105,7 @@ def test_runner_cache_overflow(pair):
 def test_runner_on_cpu_ignores_graphs(pair):
     model = pair[1]
     ids = ids_of(9, 4)
-    r = Runner(model, 16, graphs=True)                                 # CPU: graphs silently off
+    r = Runner(model, 16, Acceleration(graphs=True))                                 # CPU: graphs silently off
     assert not r.graphs
     assert torch.equal(r.greedy(ids, 0), hf_logits(model, ids).argmax(-1))
 
@@ -114,7 +114,7 @@ def test_runner_on_cpu_ignores_graphs(pair):
 
 @pytest.mark.parametrize("which", [("target",), ("draft",)])
 def test_make_pair_partial(pair, syn, which):
-    from lib.synthetic import make_pair
+    from lib.models.synthetic import make_pair
     got = make_pair(syn, 0, "float32", "cpu", which)
     for i, name in enumerate(("target", "draft")):
         if name in which:
@@ -225,7 +225,7 @@ def test_orientation_comes_from_the_layout_not_the_shape(flash_dir, draft_cluste
 
 def test_square_centroids_are_read_the_right_way(pair, tmp_path):
     """c == d: only the layout can tell the orientation; the shape cannot."""
-    from lib import clustering as cl
+    from lib.models import clustering as cl
     W = pair[1].get_output_embeddings().weight.detach()
     c = W.shape[1]                                                          # 32 clusters of 16 over d = 32
     assign = cl.spherical_kmeans(W, c, 4, seed=0, equal=True, candidates=8, progress=False)

@@ -10,9 +10,11 @@ import torch
 import yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from lib import modes, peers, report, study
+from lib import modes
+from lib.study import peers, speculative
+from lib import report
 from lib.config import ROOT, ConfigError, load_profile
-from lib.speculative import generate_baseline
+from lib.engine.speculative import Request, generate_baseline
 
 MAX_NEW = 12
 PROMPTS = [[3, 14, 15, 92, 65, 35, 89, 79, 32, 38], [7, 1, 8, 2, 8, 1, 8]]
@@ -27,7 +29,7 @@ def smoke():
 
 @pytest.fixture(scope="module")
 def smoke_data(smoke):
-    return study.peer_study(smoke)
+    return speculative.peer_study(smoke)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +90,7 @@ def test_early_exit_assistant_and_lookup_equal_engine_greedy(llama, llama_profil
     h = peers.Harness(llama_profile, frozenset(), target_model=llama)
     calls = {m: 0 for m in modes.PEERS}
     for prompt in PROMPTS:
-        ref = generate_baseline(h.engine, prompt, MAX_NEW).tokens
+        ref = generate_baseline(h.engine, Request(prompt, MAX_NEW)).tokens
         for m in modes.PEERS:
             with target_calls(llama) as n:
                 assert h.generate(m, prompt, MAX_NEW) == ref, m
@@ -101,14 +103,14 @@ def test_early_exit_assistant_and_lookup_equal_engine_greedy(llama, llama_profil
 def test_stop_tokens_are_the_engines_not_the_checkpoints(llama, llama_profile):
     prompt = PROMPTS[1]
     free = peers.Harness(llama_profile, frozenset(), target_model=llama)
-    ref = generate_baseline(free.engine, prompt, MAX_NEW).tokens
+    ref = generate_baseline(free.engine, Request(prompt, MAX_NEW)).tokens
     assert len(set(ref[:4])) == 4                                               # varied text: a stop at index 3
     llama.generation_config.eos_token_id = ref[0]                               # the checkpoint's eos: ignored
     try:
         assert free.generate("hf_greedy", prompt, MAX_NEW) == ref
         stop = frozenset([ref[3]])                                             # the engine's stop token: honoured
         stopping = peers.Harness(llama_profile, stop, target_model=llama)
-        assert generate_baseline(stopping.engine, prompt, MAX_NEW, stop).tokens == ref[:4]
+        assert generate_baseline(stopping.engine, Request(prompt, MAX_NEW, stop=stop)).tokens == ref[:4]
         for m in modes.PEERS:
             assert stopping.generate(m, prompt, MAX_NEW) == ref[:4], m
         assert stopping.measure("hf_greedy", prompt)["stopped"]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib import preflight
+from lib import results
+from lib.study import preflight
 from lib.config import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +30,7 @@ def test_missing_cuda_device_names_the_key():
 def test_h100_profile_stops_at_once_on_a_cpu_machine(tmp_path):
     """The command make reproduce runs first: one line, exit 2, well under 30 s, nothing written."""
     t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "lib.preflight", "h100"], cwd=REPO, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "lib.study.preflight", "h100"], cwd=REPO, capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "STUDY_OUTPUTS": str(tmp_path), "STUDY_MODELS": str(tmp_path)})
     assert out.returncode == 2 and time.perf_counter() - t < 30
     lines = out.stderr.strip().splitlines()
@@ -38,7 +39,7 @@ def test_h100_profile_stops_at_once_on_a_cpu_machine(tmp_path):
 
 
 def test_bad_profile_is_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "lib.preflight", "no_such_profile"], cwd=REPO, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "lib.study.preflight", "no_such_profile"], cwd=REPO, capture_output=True,
                          text=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "known profiles" in out.stderr
 
@@ -82,8 +83,8 @@ def test_awq_target_is_counted_at_its_packed_size(monkeypatch, tmp_path):
 
 
 def test_a_wrong_commit_claim_stops_before_any_work(monkeypatch):
-    from lib import preflight, runs
+    from lib.study import preflight
     monkeypatch.setenv("STUDY_COMMIT", "0" * 40)
-    monkeypatch.setattr(runs, "tree_matches", lambda commit, paths=runs.CODE: False)
+    monkeypatch.setattr(results, "tree_matches", lambda commit, paths=results.CODE: False)
     with pytest.raises(preflight.PreflightError, match="lib/ or notebooks/ differ from that commit's"):
         preflight.check_commit_claim()

@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from lib import progress
-from lib.headline import headline
+from lib.report.headline import headline
 from test_driver import driver, notebook, repo  # noqa: F401 - the fake checkout fixture
 from watch import Watch, duration, running_cell
 

@@ -7,9 +7,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lib import checkpoints, quantize as qz
-from lib.config import ConfigError, Shape, load_profile, _validate
-from lib.synthetic import make_pair
+from lib.models import checkpoints, quantize as qz
+from lib.config import ConfigError, Shape, load_profile
+from lib.profile_rules import validate as _validate
+from lib.models.synthetic import make_pair
 
 import fixtures_thesis as fx
 
@@ -128,13 +129,13 @@ def test_ensure_synthetic_writes_the_awq_target(monkeypatch, tmp_path):
 
 
 def test_runner_compiles_around_quantised_projections(written):
-    """The AWQ modules are called opaquely (lib.runner.project): the compiled layer function, graph-broken
+    """The AWQ modules are called opaquely (lib.engine.runner.project): the compiled layer function, graph-broken
     at each of them, gives the eager runner's hidden states and tokens."""
     pytest.importorskip("gptqmodel")
-    from lib.runner import Runner
+    from lib.engine.runner import Acceleration, Runner
     model = checkpoints.load_model(str(written[0]), "float32", "cpu", "torch_awq")
     ids = torch.randint(0, fx.VOCAB, (1, 12), generator=torch.Generator().manual_seed(3))
-    eager, compiled = Runner(model, 32), Runner(model, 32, compile=True)
+    eager, compiled = Runner(model, 32), Runner(model, 32, Acceleration(compile=True))
     assert not any(compiled.fused)                                              # quantised: nothing fused
     for r in (eager, compiled):
         r.prefill(ids[:, :8])

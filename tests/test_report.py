@@ -7,12 +7,14 @@ import pytest
 import torch
 
 import lib.bench
-import lib.speculative
-from lib import modes, report, runs
-from lib.heads import DenseHead, FlashHead
-from lib.engines import make_draft, make_target
+import lib.engine.speculative
+from lib import modes
+from lib import report
+from lib.study import runs
+from lib.engine.heads import DenseHead, FlashHead
+from lib.models.build import make_draft, make_target
 from lib.prompts import Prompt
-from lib.speculative import generate_baseline, generate_speculative
+from lib.engine.speculative import Request, generate_baseline, generate_speculative
 
 from conftest import SPECIAL_IDS, VOCAB
 
@@ -45,10 +47,10 @@ def run_records(target, drafts, iterations: int = 1) -> list[dict]:
     recs = []
     for it in range(iterations):
         for prompt, ids in prompts():
-            recs.append(runs.record(generate_baseline(target, ids, MAX_NEW), prompt, ids, it, "baseline", None))
+            recs.append(runs.record(generate_baseline(target, Request(ids, MAX_NEW)), prompt, ids, it, "baseline", None))
             for draft in THESIS_DRAFTS:
                 for schedule in ("ordinary", "pipelined", "deferred"):
-                    res = generate_speculative(target, drafts[draft], ids, MAX_NEW, K, schedule)
+                    res = generate_speculative(target, drafts[draft], Request(ids, MAX_NEW, schedule, K))
                     recs.append(runs.record(res, prompt, ids, it, draft, schedule))
     ref = {(r["iteration"], r["question_id"]): r["tokens"] for r in recs if r["mode"] == "baseline"}
     for r in recs:
@@ -233,7 +235,7 @@ class FakeClock:
 def fake_time(monkeypatch):
     clock = FakeClock()
     ns = SimpleNamespace(perf_counter=clock.perf_counter)
-    monkeypatch.setattr(lib.speculative, "time", ns)
+    monkeypatch.setattr(lib.engine.speculative, "time", ns)
     monkeypatch.setattr(lib.bench, "time", ns)
     return clock
 
@@ -243,7 +245,7 @@ def test_fake_clock_times_the_baseline(pair, fake_time):
     target = make_target(pair[0], MAX_LEN)
     target.runner._run = fake_time.slow(target.runner._run, 0.010)
     prompt, ids = prompts()[0]
-    res = generate_baseline(target, ids, MAX_NEW)
+    res = generate_baseline(target, Request(ids, MAX_NEW))
     assert res.ttft_ms == pytest.approx(10.0)
     assert res.decode_ms == pytest.approx(10.0 * (MAX_NEW - 1))
 
@@ -257,7 +259,7 @@ def test_engine_overhead_is_zero_when_baseline_time_is_all_model_calls(pair, fak
     target = make_target(pair[0], MAX_LEN)
     target.runner._run = fake_time.slow(target.runner._run, 0.010)
     prompt, ids = prompts()[0]
-    rec = runs.record(generate_baseline(target, ids, MAX_NEW), prompt, ids, 0, "baseline", None)
+    rec = runs.record(generate_baseline(target, Request(ids, MAX_NEW)), prompt, ids, 0, "baseline", None)
     rec["exact_match"] = True
     assert rec["model_call_ms"] <= rec["decode_ms"] + 1e-9
     agg = report.aggregate(report.records_frame([rec]))
@@ -278,7 +280,7 @@ def test_engine_overhead_is_zero_when_speculative_time_is_all_model_calls(pair, 
     else:
         draft.runner._run = fake_time.slow(draft.runner._run, 0.001)
     prompt, ids = prompts()[1]
-    res = generate_speculative(target, draft, ids, MAX_NEW, K, schedule)
+    res = generate_speculative(target, draft, Request(ids, MAX_NEW, schedule, K))
     rec = runs.record(res, prompt, ids, 0, "dense", schedule)
     rec["exact_match"] = True
     assert rec["model_call_ms"] == pytest.approx(rec["decode_ms"])
@@ -352,3 +354,95 @@ def test_engine_overhead_is_never_negative_and_overlap_is_reported():
     assert piped.engine_overhead_frac == 0 and piped.overlap_ms == pytest.approx(18.0)
     assert piped.overlap_frac == pytest.approx(0.18)
     assert serial.engine_overhead_frac == pytest.approx(0.1) and serial.overlap_ms == 0 and serial.overlap_frac == 0
+
+
+# the report's layer and notebook 04's tables (issue 23)
+
+def test_report_imports_nothing_from_engine_models_or_study():
+    import ast
+    from pathlib import Path
+    packages = {1: "lib.report", 2: "lib"}                         # what `.` and `..` stand for in lib/report
+    found = []
+    for path in sorted(Path(report.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(filter(None, [packages.get(node.level, ""), node.module]))
+                names = [base] + [f"{base}.{a.name}" for a in node.names]       # `from .. import engine` too
+            else:
+                continue
+            found += [f"{path.name}: {n}" for n in names if n.startswith(("lib.engine", "lib.models", "lib.study"))]
+    assert not found, found
+
+
+def agg_rows(rows: dict) -> pd.DataFrame:
+    cols = ("draft", "schedule", "k_policy", "rounds", "verify_calls", "append_calls", "skipped")
+    return pd.DataFrame({m: dict(zip(cols, r)) for m, r in rows.items()}).T
+
+
+def test_call_counts_leave_out_the_modes_whose_counters_follow_timings():
+    agg = agg_rows({"baseline": ("baseline", "baseline", "fixed", 0, 0, 15, 0),
+                    "dense_ordinary": ("dense", "ordinary", "fixed", 5, 4, 5, 1),
+                    "dense_ordinary_cost": ("dense", "ordinary", "cost", 6, 6, 6, 0),
+                    "bandit_ucb_deferred": ("bandit_ucb", "deferred", "fixed", 7, 7, 1, 0),
+                    "flash_deferred_grow": ("flash", "deferred", "grow", 3, 3, 1, 0)})
+    calls = report.call_counts(agg)
+    assert list(calls.index) == ["baseline", "dense_ordinary", "flash_deferred_grow"]
+    assert list(calls.columns) == ["rounds", "verify_calls", "append_calls", "skipped"]
+    assert calls.loc["dense_ordinary"].tolist() == [5, 4, 5, 1]
+
+
+def test_divergence_points_group_the_modes_that_leave_at_one_point():
+    row = lambda mode, q, pos, gap: {"mode": mode, "question_id": q, "iteration": 0, "position": pos,
+                                     "baseline_token": 7, "mode_token": 9, "gap_stepwise": gap, "gap_batched": gap / 2}
+    div = pd.DataFrame([row("dense_ordinary", 1, 4, 0.5), row("flash_ordinary", 1, 4, 0.5), row("dense_deferred", 2, 9, 0.25)])
+    points = report.divergence_points(div)
+    assert points["modes"].tolist() == [2, 1]
+    assert points.loc[(0, 1, 4)].gap_batched == 0.25 and points.loc[(0, 2, 9)].gap_stepwise == 0.25
+
+
+def test_closing_checks():
+    e2e = {"baseline": {"exact_match_rate": 1.0}, "dense_ordinary": {"exact_match_rate": 1.0}}
+    summ = {"e2e": e2e, "clustering": {"equal_sizes": True}}
+    df = pd.DataFrame([{"mode": "dense_ordinary", "iteration": 0, "question_id": 1, "exact_match": True}])
+    assert report.closing_checks(summ, df, pd.DataFrame(), "float32") == {
+        "equal_sizes": True, "exact match in every speculative mode": True}
+    e2e["dense_ordinary"]["exact_match_rate"] = 0.5
+    assert report.closing_checks(summ, df, pd.DataFrame(), "float32")["exact match in every speculative mode"] is False
+    df.loc[0, "exact_match"] = False
+    key = "every sample that differs from greedy (bfloat16) is a measured divergence"
+    assert report.closing_checks(summ, df, pd.DataFrame(), "bfloat16")[key] is False
+    assert report.closing_checks(summ, df, df[["mode", "iteration", "question_id"]], "bfloat16")[key] is True
+
+
+def test_sampling_against_greedy_puts_temperature_zero_beside_the_sampled_ones():
+    agg = pd.DataFrame({"k_policy": ["fixed", "fixed", "grow"], "acceptance": [float("nan"), 0.5, 0.6],
+                        "mean_emitted": [float("nan"), 2.0, 2.5], "decode_tok_s": [10.0, 15.0, 16.0]},
+                       index=["baseline", "dense_ordinary", "dense_ordinary_grow"])
+    rows = [{"temperature": 1.0, "mode": m, "draft": d, "acceptance": a, "mean_emitted": e, "decode_tok_s": t}
+            for m, d, a, e, t in (("baseline", "baseline", None, None, 9.0), ("dense_ordinary", "dense", 0.4, 1.8, 12.0),
+                                  ("bandit_ucb_ordinary", "bandit_ucb", 0.3, 1.5, 11.0))]
+    both = report.against_greedy({"rows": rows}, agg)
+    assert list(both.index) == ["baseline", "dense_ordinary"]                  # greedy-only drafts left out
+    assert both.loc["dense_ordinary", ("acceptance", 0.0)] == 0.5 and both.loc["dense_ordinary", ("acceptance", 1.0)] == 0.4
+    assert both.loc["baseline", ("decode_tok_s", 1.0)] == 9.0
+
+
+def test_microbench_floor_and_breakdown_tables():
+    from lib.report.micro import breakdown_table, floor_table
+    stat = lambda ms: {"mean_ms": ms, "p50_ms": ms, "p95_ms": 2 * ms}
+    micro = {"head": {"dense": stat(2.0), "flash": stat(1.0)}, "model_step": {"dense": stat(4.0), "flash": stat(3.0)},
+             "dense_paths": {"torch": stat(2.5)},
+             "probe_sweep": [{"n_probes": 16, "kernel": "triton", **stat(0.5)}, {"n_probes": 32, "kernel": "torch", **stat(0.6)}],
+             "floors": {"dense_head_ms": 1.0, "flash_head_ms": 0.5, "dense_step_ms": 2.0, "flash_step_ms": 1.5,
+                        "flash_head_ms_by_probes": {"16": 0.25}, "bandwidth_GBps": 3000.0}}
+    t = floor_table(micro)
+    assert list(t.index) == ["dense head (profile path)", "FlashHead (profile path)", "dense draft step",
+                             "Flash draft step", "dense head, torch", "FlashHead p=16, triton"]
+    assert t.loc["FlashHead p=16, triton", "mean / floor"] == 2.0 and t.loc["dense head, torch", "floor ms"] == 1.0
+    bd = {"draft_dense": {"by_kind_us": {"gemv": 10.0, "norm": 1.0}, "total_us": 11.0, "launches": 5},
+          "draft_flash": {"by_kind_us": {"gemv": 8.0}, "total_us": 8.0, "launches": 4}}
+    kinds = breakdown_table(bd)
+    assert kinds.loc["norm", "draft_flash"] == 0.0
+    assert kinds.loc["total (us)"].tolist() == [11.0, 8.0] and kinds.loc["launches per step"].tolist() == [5, 4]

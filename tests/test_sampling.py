@@ -11,12 +11,14 @@ import pytest
 import torch
 import yaml
 
-from lib import report, sampling, sampling_study, study
+from lib import report
+from lib.engine import sampling
+from lib.study import sampling as sampling_study
 from lib.config import ConfigError, load_profile
-from lib.runs import save_json
-from lib.engines import make_draft, make_target
-from lib.heads import DenseHead, FlashHead
-from lib.speculative import generate_baseline, generate_speculative
+from lib.results import save_json
+from lib.models.build import make_draft, make_target
+from lib.engine.heads import DenseHead, FlashHead
+from lib.engine.speculative import Request, generate_baseline, generate_speculative
 
 from conftest import SPECIAL_IDS
 
@@ -40,7 +42,8 @@ def test_rounds_really_reject_and_accept(engines):
     # Otherwise the exactness tests would not exercise both the acceptance and the residual.
     target, drafts = engines
     for name, draft in drafts.items():
-        res = [sampling.sample_speculative(target, draft, PROMPTS[0], 16, 3, "ordinary", TEMPERATURE, seed=s)
+        res = [generate_speculative(target, draft, Request(PROMPTS[0], 16, "ordinary", 3, temperature=TEMPERATURE,
+                                                           seed=s))
                for s in range(10)]
         accepted, proposed = sum(r.accepted for r in res), sum(r.proposed for r in res)
         assert 0.2 < accepted / proposed < 0.95, (name, accepted, proposed)
@@ -48,14 +51,15 @@ def test_rounds_really_reject_and_accept(engines):
 
 # reproducibility and the greedy limit
 
-@pytest.mark.parametrize("schedule", ["ordinary", "deferred"])
+@pytest.mark.parametrize("schedule", ["ordinary", "deferred", "pipelined"])
 def test_same_seed_same_tokens(engines, schedule):
     target, drafts = engines
     for draft in drafts.values():
-        run = lambda seed: sampling.sample_speculative(target, draft, PROMPTS[1], 20, 3, schedule, 1.0, 0.9, seed).tokens
+        run = lambda seed: generate_speculative(target, draft, Request(PROMPTS[1], 20, schedule, 3, temperature=1.0,
+                                                                       top_p=0.9, seed=seed)).tokens
         assert run(7) == run(7)
         assert len({tuple(run(s)) for s in range(6)}) > 1                    # and the seed matters
-    base = lambda seed: sampling.sample_baseline(target, PROMPTS[1], 20, 1.0, 0.9, seed).tokens
+    base = lambda seed: generate_baseline(target, Request(PROMPTS[1], 20, temperature=1.0, top_p=0.9, seed=seed)).tokens
     assert base(3) == base(3) and len({tuple(base(s)) for s in range(6)}) > 1
 
 
@@ -63,22 +67,24 @@ def test_first_token_is_the_baselines(engines):
     # Both draw the first token from p after the prompt with a fresh generator of the same seed.
     target, drafts = engines
     for s in range(5):
-        first = sampling.sample_baseline(target, PROMPTS[0], 3, 1.5, seed=s).tokens[0]
-        spec = sampling.sample_speculative(target, drafts["flash"], PROMPTS[0], 3, 2, "deferred", 1.5, seed=s)
+        first = generate_baseline(target, Request(PROMPTS[0], 3, temperature=1.5, seed=s)).tokens[0]
+        spec = generate_speculative(target, drafts["flash"], Request(PROMPTS[0], 3, "deferred", 2, temperature=1.5,
+                                                                    seed=s))
         assert spec.tokens[0] == first
 
 
-@pytest.mark.parametrize("schedule", ["ordinary", "deferred"])
+@pytest.mark.parametrize("schedule", ["ordinary", "deferred", "pipelined"])
 def test_temperature_to_zero_is_greedy(engines, schedule):
     target, drafts = engines
     for prompt in PROMPTS:
-        greedy = generate_baseline(target, prompt, 20).tokens
-        assert sampling.sample_baseline(target, prompt, 20, 0.0).tokens == greedy
-        assert sampling.sample_baseline(target, prompt, 20, 1e-5, seed=1).tokens == greedy
+        greedy = generate_baseline(target, Request(prompt, 20)).tokens
+        assert generate_baseline(target, Request(prompt, 20, temperature=0.0)).tokens == greedy
+        assert generate_baseline(target, Request(prompt, 20, temperature=1e-5, seed=1)).tokens == greedy
         for draft in drafts.values():
-            assert generate_speculative(target, draft, prompt, 20, 3, schedule).tokens == greedy
-            assert sampling.sample_speculative(target, draft, prompt, 20, 3, schedule, 0.0).tokens == greedy
-            assert sampling.sample_speculative(target, draft, prompt, 20, 3, schedule, 1e-5, seed=1).tokens == greedy
+            assert generate_speculative(target, draft, Request(prompt, 20, schedule, 3)).tokens == greedy
+            run = lambda **kw: generate_speculative(target, draft, Request(prompt, 20, schedule, 3, **kw)).tokens
+            assert run(temperature=0.0) == greedy
+            assert run(temperature=1e-5, seed=1) == greedy
 
 
 # the pieces
@@ -118,12 +124,12 @@ def test_residual_is_the_positive_part():
 @pytest.mark.parametrize("kwargs,message", [(dict(temperature=-1.0), "temperature must be > 0"),
                                             (dict(top_p=0.0), "top_p must be in"),
                                             (dict(top_p=1.5), "top_p must be in"),
-                                            (dict(schedule="pipelined"), "supports schedules")])
+                                            (dict(schedule="lazy"), "unknown schedule")])
 def test_bad_requests_are_refused(engines, kwargs, message):
     target, drafts = engines
     args = dict(schedule="ordinary", temperature=1.0, top_p=1.0) | kwargs
     with pytest.raises(ValueError, match=message):
-        sampling.sample_speculative(target, drafts["dense"], PROMPTS[0], 8, 2, **args)
+        generate_speculative(target, drafts["dense"], Request(PROMPTS[0], 8, k=2, **args))
 
 
 # the study and its configuration
@@ -190,7 +196,7 @@ def test_study_records_and_summary(engines):
 def test_adaptive_drafts_are_greedy_only_and_left_out_of_the_sampling_study():
     from lib import modes
     from lib.config import load_profile
-    from lib.sampling_study import sampled_rows, sampling_modes
+    from lib.study.sampling import sampled_rows, sampling_modes
     p = load_profile("smoke")
     assert set(modes.ADAPTIVE_DRAFTS) & set(p.decode.modes)                    # smoke runs some
     assert not {d for d, _, _ in sampling_modes(p)} & set(modes.ADAPTIVE_DRAFTS)

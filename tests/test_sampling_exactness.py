@@ -6,9 +6,10 @@ is deterministic) with K = 2 proposals a round; the joint law of the first DEPTH
 is tested against the target's exact probabilities p(x0) p(x1|x0) ... (the chain rule, one target call per
 prefix). x0 is drawn after the prefill; the first round emits x1..x3: d1 or a residual draw, d2 or a residual
 draw, and after a full acceptance the bonus x3 ~ p_{K+1}; x4 is the token after the bonus, from a round that
-proposes again (MAX_NEW = K + 4): judged against the pending p_1 (ordinary schedule) or the deferred batch
-[x3, d1'] (deferred). So every path is compared: d1 rejected (ordinary: without a verify call), d2 rejected,
-both accepted and the bonus, and the round after a bonus; test_every_path_is_taken checks each is common.
+proposes again (MAX_NEW = K + 4): judged against the pending p_1 (ordinary and pipelined schedules; pipelined
+computes p_1 on a worker thread while the draft proposes) or the deferred batch [x3, d1'] (deferred). So every
+path is compared: d1 rejected (ordinary, pipelined: without a verify call), d2 rejected, both accepted and the
+bonus, and the round after a bonus; test_every_path_is_taken checks each is common.
 
 Bins, fixed before sampling (they depend on the target, the case's distribution and N only): a prefix tree
 over x0..x4. A prefix is refined while it expects N P(prefix) >= MIN_EXPECTED draws; at a refined prefix the
@@ -55,11 +56,13 @@ import pytest
 import torch
 from scipy.stats import chi2, chisquare, ncx2
 
-from lib import clustering, sampling
+from lib.models import clustering
+from lib.engine import sampling
 from lib.config import Shape
-from lib.engines import make_draft, make_target
-from lib.heads import DenseHead, FlashHead
-from lib.synthetic import make_pair
+from lib.models.build import make_draft, make_target
+from lib.engine.heads import DenseHead, FlashHead
+from lib.engine.speculative import Request, generate_speculative
+from lib.models.synthetic import make_pair
 
 from conftest import SPECIAL_IDS, tiny_synthetic
 
@@ -90,7 +93,9 @@ CASES = {"dense-ordinary": Case("dense", "ordinary", 0),
          "dense-deferred": Case("dense", "deferred", N),
          "flash-ordinary": Case("flash", "ordinary", 2 * N),
          "flash-deferred": Case("flash", "deferred", 3 * N, temperature=2.0, top_p=0.95),
-         "flash-top-probes-deferred": Case("flash", "deferred", 4 * N, draw_probes=False)}
+         "flash-top-probes-deferred": Case("flash", "deferred", 4 * N, draw_probes=False),
+         "dense-pipelined": Case("dense", "pipelined", 5 * N),
+         "flash-pipelined": Case("flash", "pipelined", 6 * N, temperature=2.0, top_p=0.95)}
 
 
 @pytest.fixture(scope="module")
@@ -194,8 +199,8 @@ def _draw(seeds: range) -> list:
     target, draft, case = _JOB
     out = []
     for s in seeds:
-        r = sampling.sample_speculative(target, draft, PROMPT, MAX_NEW, K, case.schedule, case.temperature,
-                                        case.top_p, seed=s, draw_probes=case.draw_probes)
+        r = generate_speculative(target, draft, Request(PROMPT, MAX_NEW, case.schedule, K, temperature=case.temperature,
+                                                        top_p=case.top_p, seed=s, draw_probes=case.draw_probes))
         out.append((tuple(r.tokens[:DEPTH]), r.accepted_lengths[0]))
     return out
 

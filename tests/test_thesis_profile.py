@@ -14,13 +14,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lib import checkpoints, flash_checkpoint
+from lib.models import checkpoints, flash_checkpoint
 from lib.config import load_profile
-from lib.heads import DenseHead, FlashHead
-from lib.flash_checkpoint import read_flash_checkpoint
-from lib.engines import make_draft, make_target
-from lib.runner import Runner
-from lib.speculative import generate_baseline, generate_speculative
+from lib.engine.heads import DenseHead, FlashHead
+from lib.models.flash_checkpoint import read_flash_checkpoint
+from lib.models.build import make_draft, make_target
+from lib.engine.runner import Runner
+from lib.engine.speculative import Request, generate_baseline, generate_speculative
 
 import fixtures_thesis as fx
 
@@ -284,8 +284,8 @@ def test_speculative_with_awq_target_and_flash_draft_equals_baseline(loaded, dra
     target = make_target(loaded["target"], n)
     flash, head = drafts["flash"], drafts["head"]
     draft = make_draft(flash, head, n)
-    base = generate_baseline(target, prompt, max_new)
-    spec = generate_speculative(target, draft, prompt, max_new, k, schedule)
+    base = generate_baseline(target, Request(prompt, max_new))
+    spec = generate_speculative(target, draft, Request(prompt, max_new, schedule, k))
     assert spec.tokens == base.tokens and len(base.tokens) == max_new
     assert spec.rounds > 0 and spec.accepted > 0                         # the draft really is accepted sometimes
 
@@ -293,12 +293,12 @@ def test_speculative_with_awq_target_and_flash_draft_equals_baseline(loaded, dra
 def test_notebook01_compares_with_the_shipped_clustering(profile, monkeypatch, tmp_path):
     """Notebook 01 on a pretrained profile: re-cluster the draft's embeddings and compare with the
     checkpoint's own clustering (objectives, ARI/NMI agreement, containment of each)."""
-    from lib import study
+    from lib.study import reclustering
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("STUDY_OUTPUTS", str(tmp_path / "outputs"))        # outputs/ under tmp_path
     p = replace(profile, prompts=replace(profile.prompts, file="builtin", per_group=1),
                 clustering=replace(profile.clustering, iterations=3))
-    res = study.recluster(p, progress=False)
+    res = reclustering.recluster(p, progress=False)
     s = res["shipped"]
     assert res["equal_sizes"] and s["n_clusters"] == fx.N_CLUSTERS
     assert -1 <= s["adjusted_rand_index"] <= 1 and 0 <= s["nmi"] <= 1

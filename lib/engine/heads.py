@@ -1,0 +1,259 @@
+"""Greedy LM heads: the dense head and FlashHead (cluster-first retrieval), both token-on-device.
+
+Kernel paths. kernel="triton" (the profile's bench.head_kernel, the default) on a CUDA weight runs the Triton
+kernels of lib/kernels.py for one hidden state, checked at construction against an fp32 selection on probe
+hidden states; a head that cannot have them (Triton not importable, a disagreement, an exception, too many
+special tokens) raises KernelUnavailable with one line naming the reason: there is no fallback. kernel="torch",
+and any head on a CPU, runs torch ops (on a CPU that is the path, not a fallback: head_kernel applies to CUDA
+only). Every head says which path it really runs: `kernel_ran`, "triton" or "torch" (batches of hidden states
+always take the torch path; the engine's draft step is one hidden state)."""
+from __future__ import annotations
+
+import torch
+
+from ..bench import NO_CLOCK
+from .runner import capture, on
+
+
+def cluster_to_token(assign: torch.Tensor, c: int) -> torch.Tensor:
+    """Dense (c,b) map of cluster -> token ids; refuses unequal clusters."""
+    counts = torch.bincount(assign, minlength=c)
+    if counts.numel() != c or (counts != counts[0]).any():
+        raise ValueError(f"clusters are not of equal size: sizes range {counts.min().item()}..{counts.max().item()} "
+                         f"over {c} clusters")
+    return torch.argsort(assign, stable=True).view(c, -1)
+
+
+class DenseHead:
+    """argmax over the full vocabulary: W (V,d). kernel "triton" on CUDA: one fused GEMV + argmax launch
+    for a single hidden state (lib/kernels.py; ties to the smallest id on fp32 logits), checked at construction
+    against the fp32 argmax on probe hidden states (KernelUnavailable when it cannot run or disagrees)."""
+
+    def __init__(self, weight: torch.Tensor, kernel: str = "torch"):
+        self.weight, self.kernel = weight, kernel
+        self.fused = require_triton(dense_triton(weight), "DenseHead", weight) if wants_triton(kernel, weight) else None
+
+    @property
+    def kernel_ran(self) -> str:
+        """The path that picks the token of one hidden state: "triton" or "torch"."""
+        return "triton" if self.fused is not None else "torch"
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """h (n,d) -> token ids (n,), kept on the device (no host sync)."""
+        if self.fused is not None and h.shape[0] == 1:
+            return self.fused(h)
+        return (h @ self.weight.T).argmax(-1)
+
+
+class FlashHead:
+    """FlashHead greedy: score c centroids, probe the top p, score their p*b tokens exactly, argmax.
+
+    weight (V,d) output embeddings, centroids (c,d), assignments (V,) with equal cluster sizes,
+    special_ids: tokens scored on every step.
+    """
+
+    def __init__(self, weight: torch.Tensor, centroids: torch.Tensor, assignments: torch.Tensor,
+                 n_probes: int, special_ids: list[int] = (), kernel: str = "torch"):
+        c = centroids.shape[0]
+        self.weight = weight
+        self.centroids = centroids.to(weight)                                   # (c,d)
+        self.c2t = cluster_to_token(assignments.to(weight.device), c)           # (c,b)
+        self.special = torch.tensor(sorted(special_ids), dtype=torch.long, device=weight.device)
+        self.kernel = kernel                                                    # "torch" or "triton" (CUDA)
+        self.set_probes(n_probes)
+
+    def set_probes(self, n_probes: int) -> None:
+        """Probe count and what depends on it. Two-stage top-p: split the c scores into R rows, top-p
+        per row, then top-p of the R*p survivors (exact, and faster than one top-p over c on a GPU)."""
+        c = self.centroids.shape[0]
+        if not 1 <= n_probes <= c:
+            raise ValueError(f"FlashHead: n_probes must be in 1..{c} (the number of clusters), got {n_probes}")
+        self.n_probes = n_probes
+        self.rows = max([r for r in range(1, 9) if c % r == 0 and c // r >= n_probes], default=1)
+        self.fused = fused_kernel(self) if wants_triton(self.kernel, self.weight) else None
+
+    @property
+    def kernel_ran(self) -> str:
+        """The path that picks the token of one hidden state: "triton" or "torch"."""
+        return "triton" if self.fused is not None else "torch"
+
+    def probes(self, h: torch.Tensor) -> torch.Tensor:
+        """The top-p clusters (n,p) for hidden states h (n,d)."""
+        scores = h @ self.centroids.T                                           # (n,c)
+        if self.rows == 1:
+            return scores.topk(self.n_probes, dim=-1, sorted=False).indices
+        n, c, R = scores.shape[0], scores.shape[1], self.rows
+        v, i = scores.view(n, R, c // R).topk(self.n_probes, dim=-1, sorted=False)   # (n,R,p)
+        i = i + (torch.arange(R, device=h.device) * (c // R))[:, None]
+        j = v.flatten(1).topk(self.n_probes, dim=-1, sorted=False).indices      # (n,p)
+        return i.flatten(1).gather(1, j)
+
+    @property
+    def n_clusters(self) -> int:
+        return self.c2t.shape[0]
+
+    def candidates(self, h: torch.Tensor, probes: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids (n, p*b + s) that FlashHead scores for hidden states h (n,d) (for the given probe
+        clusters (n,p), if any)."""
+        cand = self.c2t[self.probes(h) if probes is None else probes].flatten(1)   # (n,p*b)
+        return torch.cat([cand, self.special.expand(h.shape[0], -1)], dim=1)
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """h (n,d) -> token ids (n,), kept on the device (no host sync)."""
+        if self.fused is not None and h.shape[0] == 1:
+            return self.fused(h)
+        return self.reference(h)
+
+    def reference(self, h: torch.Tensor) -> torch.Tensor:
+        """The same selection in plain torch ops (any device, any batch)."""
+        cand = self.candidates(h)                                               # (n,m)
+        logits = torch.einsum("nmd,nd->nm", self.weight[cand], h)              # (n,m)
+        return cand.gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
+
+    def with_probes(self, n_probes: int, kernel: str | None = None) -> "FlashHead":
+        """The same head with another probe count (and kernel path)."""
+        other = object.__new__(FlashHead)
+        other.__dict__.update(self.__dict__)
+        other.kernel = kernel or self.kernel
+        other.set_probes(n_probes)
+        return other
+
+
+class KernelUnavailable(RuntimeError):
+    """A head asked for the Triton path on CUDA (bench.head_kernel: triton) cannot have it; the message is one
+    line naming the head, the device and the reason."""
+
+
+KERNELS = ("torch", "triton")
+
+
+def wants_triton(kernel: str, weight: torch.Tensor) -> bool:
+    """Whether a head with this kernel setting runs the Triton path: "triton" on a CUDA weight. CPUs run torch
+    ops whatever the setting (the profile's head_kernel applies to CUDA devices only)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"head kernel must be one of {KERNELS}, got {kernel!r}")
+    return kernel == "triton" and weight.is_cuda
+
+
+def triton_kernels():
+    """lib.kernels, the Triton heads (ImportError where Triton is absent)."""
+    from . import kernels
+    return kernels
+
+
+def require_triton(decision: tuple, head: str, weight: torch.Tensor):
+    """The Triton path of a (fn, reason) decision (flash_triton, dense_triton), or KernelUnavailable naming the
+    reason in one line."""
+    fn, reason = decision
+    if fn is None:
+        raise KernelUnavailable(f"{head} on {weight.device}: bench.head_kernel is triton but {reason}; "
+                                "set bench.head_kernel: torch to run the torch heads")
+    return fn
+
+
+def one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+def probe_states(W: torch.Tensor, n: int = 8) -> torch.Tensor:
+    """n embedding-like hidden states (rows of W, chosen by a fixed seed) to check a Triton head on."""
+    g = torch.Generator(device=W.device).manual_seed(0)
+    return W[torch.randint(0, W.shape[0], (n,), device=W.device, generator=g)]
+
+
+def checked(fn, probe: torch.Tensor, want: torch.Tensor) -> tuple:
+    """(fn, "") if fn picks the reference token `want` for each probe hidden state, else (None, why)."""
+    want = want.tolist()
+    try:
+        got = [fn(x[None]).item() for x in probe]
+    except Exception as e:                                                      # noqa: BLE001 - reported as the reason
+        return None, f"the Triton kernel failed ({one_line(e)})"
+    bad = [i for i, (a, b) in enumerate(zip(got, want)) if a != b]
+    if bad:
+        return None, (f"the Triton kernel disagrees with the fp32 reference on {len(bad)} of {len(want)} probe hidden "
+                      f"states (first: token {got[bad[0]]}, reference {want[bad[0]]})")
+    return fn, ""
+
+
+def flash_triton(head: FlashHead) -> tuple:
+    """The Triton FlashHead for one hidden state and the reason it cannot be used: (fn, "") when Triton imports,
+    the special tokens fit one cluster row and the kernel picks exact_fp32's token on probe hidden states;
+    (None, reason) otherwise."""
+    try:
+        K = triton_kernels()
+    except ImportError as e:
+        return None, f"Triton is not importable ({one_line(e)})"
+    c, b = head.c2t.shape
+    if head.special.numel() > b:                                               # one row holds the special tokens
+        return None, f"its {head.special.numel()} special tokens do not fit one cluster row ({b} tokens)"
+    special = head.special.repeat(b)[:b] if head.special.numel() else torch.full_like(head.c2t[0], -1)
+    c2t_ext = torch.cat([head.c2t, special[None]]).contiguous()                 # row c: the special tokens (-1: none)
+    W, cents, p = head.weight.contiguous(), head.centroids.contiguous(), head.n_probes
+    fn = lambda h: on_device(W, K.flash_greedy_triton, h.contiguous(), W, cents, c2t_ext, p)
+    probe = probe_states(W)
+    return checked(fn, probe, exact_fp32(head, probe))
+
+
+def dense_triton(weight: torch.Tensor) -> tuple:
+    """The Triton dense head for one hidden state and the reason it cannot be used: (fn, "") when Triton imports
+    and the kernel picks the fp32 argmax (ties: the smallest id) on probe hidden states; (None, reason) otherwise."""
+    try:
+        K = triton_kernels()
+    except ImportError as e:
+        return None, f"Triton is not importable ({one_line(e)})"
+    W = weight.contiguous()
+    fn = lambda h: on_device(W, K.dense_greedy_triton, h.contiguous(), W)
+    probe = probe_states(W)
+    logits = torch.cat([probe.float() @ w.float().T for w in W.split(1 << 14)], dim=1)   # fp32, a slice at a time
+    return checked(fn, probe, logits.argmax(-1))                               # argmax: the first maximum
+
+
+def fused_kernel(head: FlashHead):
+    """The Triton path of `head` for one hidden state (flash_triton), or KernelUnavailable with the reason."""
+    return require_triton(flash_triton(head), f"FlashHead ({head.n_probes} probes)", head.weight)
+
+
+def on_device(W: torch.Tensor, kernel, *args):
+    """Run a Triton head on W's GPU (Triton launches on the current device: a draft on a second GPU needs this)."""
+    with on(W.device):
+        return kernel(*args)
+
+
+def exact_fp32(head: FlashHead, h: torch.Tensor) -> torch.Tensor:
+    """FlashHead's selection on fp32 scores and logits, as the Triton kernels make it (the torch path rounds
+    both to the weights' dtype, so in bf16 it may break near-ties differently)."""
+    h = h.float()
+    probes = (h @ head.centroids.float().T).topk(head.n_probes, dim=-1).indices   # (n,p) on fp32 scores
+    cand = head.candidates(h, probes).sort(dim=1).values                         # argmax ties: the smallest id
+    logits = torch.einsum("nmd,nd->nm", head.weight[cand].float(), h)
+    return cand.gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
+
+
+class GraphedHead:
+    """A greedy head for one hidden state (1,d) -> token (1,): captured in a CUDA graph on CUDA (graphs=True),
+    called directly otherwise. Each call is recorded on `clock` as the span call_draft_head."""
+
+    def __init__(self, head, graphs: bool = False, clock=NO_CLOCK):
+        self.head, self.clock, self.graph = head, clock, None
+        W = head.weight
+        if graphs and W.is_cuda:
+            self.h = torch.zeros(1, W.shape[1], device=W.device, dtype=W.dtype)
+            with on(W.device):
+                self.graph, self.out = capture(lambda: head(self.h))
+
+    @property
+    def kernel_ran(self) -> str:
+        """The head's kernel path ("triton" or "torch")."""
+        return self.head.kernel_ran
+
+    @torch.no_grad()
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        dev = self.head.weight.device
+        with self.clock.span("call_draft_head", dev):
+            if self.graph is None:
+                return self.head(h)
+            with on(dev):
+                self.h.copy_(h)
+                self.graph.replay()
+            return self.out

@@ -1,0 +1,290 @@
+"""The round loop of speculative decoding, one for greedy decoding and speculative sampling.
+
+Each model keeps its own static KV cache and a count of the tokens in it. The target also keeps its pending
+prediction (what comes after the last token it has seen) while that is known.
+
+A round: the draft catches up on the tokens it has not seen and proposes kk of them (the request's block-length
+policy picks kk); the target judges them, against the pending prediction where it is known (a first proposal
+it rejects then costs no verify call) or in the deferred batch [final, d1..dk]; the accepted proposals and the
+round's final token are emitted; both caches roll back to the emitted tokens; then, unless the schedule
+defers it, the target appends the final token, which gives the next round's pending prediction.
+Schedules (thesis 3.3 and 3.6; names and labels in lib/modes.py):
+  ordinary  the append runs inline after each round.
+  deferred  no append: the final token rides in the next round's verify batch, whose first output replaces the
+            pending prediction (known only in the first round, after the initial append).
+  pipelined the ordinary append on a worker thread (its own CUDA stream) while the draft catches up and
+            proposes the next block (thesis 3.6.1): a round costs about max(append, draft), not their sum.
+
+What greedy decoding and sampling do differently is a decision rule (Greedy in lib/engine/speculative.py,
+Sampling in lib/engine/sampling.py), with these steps:
+  first(target, prompt)          the prompt's prefill and the first token (1,)
+  append(target, ids, start)     feed one token ids (1,1) to the target at `start`; the pending prediction
+                                 after it: greedy the argmax token (1,), sampling the distribution p_1 (V,)
+  token(pending)                 the next token from a pending prediction (target-only generation)
+  propose(draft, s, kk)          the proposals (kk,) and what judging them needs (greedy None, sampling their q)
+  verify(target, props, q, pending, s, kk)
+                                 (accepted proposals as host ids, final token id, final token (1,) on the
+                                 device, whether the target was called); pending None: the deferred batch.
+
+Drafts may choose something per round (lib/engine/adaptive.py): the loop calls draft.begin_round() before each
+round and draft.end_round(proposed, accepted) after it, and draft.begin_generation() / end_generation(result)
+around the rounds. Timing: runners and heads record their calls on the engine's clock; the loop its phases.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from ..modes import DEFERRED, PIPELINED
+from .heads import GraphedHead
+from .runner import Runner
+
+
+@dataclass
+class Draft:
+    """A draft model: its runner and its greedy head (dense or FlashHead), graph-captured on CUDA.
+    The hooks the round loop calls do nothing here; adaptive drafts choose and record in them."""
+    runner: Runner
+    head: GraphedHead
+
+    def use_clock(self, clock) -> None:
+        """Record this draft's calls on `clock` (the target's: one clock per generation)."""
+        self.runner.clock = self.head.clock = clock
+
+    def begin_generation(self) -> None:
+        pass
+
+    def begin_round(self) -> None:
+        pass
+
+    def end_round(self, proposed: int, accepted: int) -> None:
+        pass
+
+    def end_generation(self, res: "Result") -> None:
+        pass
+
+
+@dataclass
+class Target:
+    """The target model: body and dense greedy head in one call (one CUDA graph per length)."""
+    runner: Runner
+
+    def greedy(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        """Target argmax after each of ids (1,n) fed at `start`: (n,) on the device (a copy)."""
+        return self.runner.greedy(ids, start).clone()
+
+
+@dataclass
+class Result:
+    tokens: list[int]
+    ttft_ms: float
+    decode_ms: float
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    verify_calls: int = 0
+    append_calls: int = 0
+    skipped: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+    block_lengths: list[int] = field(default_factory=list)                  # proposals per round
+    choices: list[str] = field(default_factory=list)                        # bandit drafts: the arm of each round
+    probe_counts: list[int] = field(default_factory=list)                   # adaptive FlashHead: steps per probe count
+    spans_ms: dict = field(default_factory=dict)
+    stopped: bool = False                                                   # ended at a stop token
+
+    @property
+    def decode_tokens(self) -> int:
+        return len(self.tokens) - 1                                         # tokens after the first
+
+
+class Sequence:
+    """The emitted tokens of one generation, on the device (buf, model inputs are sliced from it) and
+    on the host (seq), with the number of tokens in each model's KV cache."""
+
+    def __init__(self, prompt, first: torch.Tensor, max_new: int, stop: frozenset):
+        P = self.prompt_len = len(prompt)
+        self.buf = torch.zeros(P + max_new, dtype=torch.long, device=first.device)   # prompt + emitted tokens
+        self.buf[:P], self.buf[P] = torch.tensor(prompt), first[0]
+        self.seq = list(prompt) + [first.item()]                             # host copy of buf
+        self.t_pos, self.d_pos = P, 0                                        # tokens in the target / draft caches
+        self.max_new, self.stopped = max_new, self.seq[-1] in stop
+
+    @property
+    def emitted(self) -> int:
+        return len(self.seq) - self.prompt_len
+
+    def done(self) -> bool:
+        return self.stopped or self.emitted >= self.max_new
+
+
+class Appender:
+    """The target append of a round's final token (rule.append), run inline or on a worker thread with its
+    own CUDA stream (pipelined). result() returns the pending prediction on the main stream."""
+
+    def __init__(self, target: Target, rule, pipelined: bool):
+        self.target, self.rule, self.clock = target, rule, target.runner.clock
+        self.pool = ThreadPoolExecutor(1) if pipelined else None
+        cuda = target.runner.device.type == "cuda"
+        self.stream = torch.cuda.Stream(target.runner.device) if pipelined and cuda else None
+        self.future, self.in_flight = None, False
+
+    def submit(self, ids: torch.Tensor, start: int) -> None:
+        self.in_flight = True
+        if self.pool is None:
+            with self.clock.span("finalize"):
+                self.value = self.rule.append(self.target, ids, start)
+            return
+        ready = torch.cuda.Event() if self.stream is not None else None
+        if ready is not None:
+            ready.record()                                                  # ids were written on the main stream
+        self.future = self.pool.submit(self._append_on_stream, ids, start, ready)
+
+    def _append_on_stream(self, ids: torch.Tensor, start: int, ready):
+        if self.stream is None:                                             # CPU: a thread, no stream
+            with self.clock.span("finalize"):
+                return self.rule.append(self.target, ids, start), None
+        with torch.cuda.stream(self.stream):
+            self.stream.wait_event(ready)
+            with self.clock.span("finalize"):
+                out = self.rule.append(self.target, ids, start)
+            done = torch.cuda.Event()
+            done.record()
+        return out, done
+
+    def result(self):
+        self.in_flight = False
+        if self.pool is None:
+            return self.value
+        out, done = self.future.result()
+        if done is not None:                                                # the append's stream finished it
+            torch.cuda.current_stream(self.target.runner.device).wait_event(done)
+        return out
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def to_device(x: torch.Tensor, draft: Draft, device=None) -> torch.Tensor:
+    """Tokens to the draft's device (or back to `device`); between two GPUs the copy is timed as 'transfer'."""
+    device = device or draft.runner.device
+    if x.device == device:
+        return x
+    with draft.runner.clock.span("transfer", x.device):
+        return x.to(device)
+
+
+def start(target: Target, draft: Draft, rule, s: Sequence):
+    """Draft prefill and the target's append of the first token: returns the pending prediction."""
+    P = s.prompt_len
+    draft.runner.prefill(to_device(s.buf[None, :P], draft))
+    s.t_pos, s.d_pos = P + 1, P
+    return rule.append(target, s.buf[None, P:P + 1], P)
+
+
+def propose(draft: Draft, s: Sequence, kk: int, pick) -> tuple[torch.Tensor, list]:
+    """The draft catches up on the tokens it has not seen (buf[d_pos:n]), then proposes kk tokens, each
+    chosen by pick(h) -> (token (1,), what judging it needs) from the draft's last hidden state (1,d).
+    Returns the tokens (kk,) on the target's device and the list of what pick returned beside them.
+    Feeds the catch-up and the first kk-1 proposals (the last is never fed); no host reads."""
+    n = len(s.seq)
+    if kk == 0:
+        return s.buf[n:n], []                                                # (0,): nothing to propose
+    x, pos, toks, extras = to_device(s.buf[None, s.d_pos:n], draft), s.d_pos, [], []
+    for _ in range(kk):
+        tok, extra = pick(draft.runner.forward(x, pos)[:, -1])
+        toks.append(tok)
+        extras.append(extra)
+        pos += x.shape[1]
+        x = tok.view(1, 1)
+    s.d_pos = n + kk - 1
+    return to_device(torch.cat(toks), draft, s.buf.device), extras
+
+
+def accept(s: Sequence, props: torch.Tensor, accepted: list[int], final: int, final_dev: torch.Tensor,
+           stop: frozenset) -> int:
+    """Emit the accepted proposals and the final token. A stop token among them ends the generation
+    there; a stopping proposal becomes the round's final token. Returns the accepted count after the cut."""
+    emitted, a = accepted + [final], len(accepted)
+    cut = next((i for i, t in enumerate(emitted) if t in stop), None)
+    if cut is not None:
+        s.stopped = True
+        if cut < a:
+            emitted, a, final_dev = emitted[:cut + 1], cut, props[cut:cut + 1]
+    n = len(s.seq)
+    s.buf[n:n + a] = props[:a]                                               # device-side copies, no host tokens
+    s.buf[n + a:n + a + 1] = final_dev
+    s.seq += emitted
+    return a
+
+
+def roll_back(s: Sequence, n: int, a: int) -> None:
+    """Caches keep only accepted tokens: positions from n + a on held rejected proposals (or will hold
+    the final token, not fed yet), so the next writes overwrite them."""
+    s.t_pos = n + a
+    s.d_pos = min(s.d_pos, n + a)
+
+
+def count_round(res: Result, kk: int, a: int, verified: bool) -> None:
+    res.rounds += 1
+    res.proposed += kk
+    res.accepted += a
+    res.accepted_lengths.append(a)
+    res.block_lengths.append(kk)
+    res.verify_calls += verified
+    res.skipped += not verified and kk > 0
+
+
+class Rounds:
+    """The rounds of one speculative generation after the prefill, under `rule` (see the module doc): they
+    fill s (the emitted tokens) and res (the counters). Tokens reach the host only in verify, never inside
+    the proposal loop."""
+
+    def __init__(self, target: Target, draft: Draft, rule, request, s: Sequence, res: Result):
+        self.target, self.draft, self.rule, self.request, self.s, self.res = target, draft, rule, request, s, res
+        self.policy, self.clock = request.policy(), target.runner.clock
+        self.appender = Appender(target, rule, request.schedule == PIPELINED)
+        self.pending = None                                                  # the target's pending prediction, if known
+
+    def run(self) -> None:
+        self.draft.begin_generation()
+        with self.clock.span("initial"):
+            self.pending = start(self.target, self.draft, self.rule, self.s)
+        try:
+            while not self.s.done():
+                self.round()
+        finally:
+            self.appender.close()
+        self.draft.end_generation(self.res)
+
+    def round(self) -> None:
+        """Propose, verify, emit, roll back, append the final token (unless deferred)."""
+        s, clock, n = self.s, self.clock, len(self.s.seq)
+        self.draft.begin_round()
+        kk = min(self.policy.next(), s.max_new - s.emitted - 1)              # never overshoot max_new
+        with clock.span("draft"):
+            props, q = self.rule.propose(self.draft, s, kk)
+        if self.appender.in_flight:
+            self.pending = self.appender.result()                            # join the overlapped append
+        with clock.span("verify"):
+            accepted, final, final_dev, verified = self.rule.verify(self.target, props, q, self.pending, s, kk)
+        a = accept(s, props, accepted, final, final_dev, self.request.stop)
+        count_round(self.res, kk, a, verified)
+        self.policy.update(kk, a)
+        self.draft.end_round(kk, a)
+        roll_back(s, n, a)
+        self.pending = None                                                  # unknown until the final token is fed
+        self.append()
+
+    def append(self) -> None:
+        """Feed the round's final token to the target (ordinary, pipelined): its output is the next pending."""
+        s = self.s
+        if self.request.schedule == DEFERRED or s.done():
+            with self.clock.span("finalize"):                                # nothing to append
+                pass
+            return
+        self.appender.submit(s.buf[None, s.t_pos:s.t_pos + 1], s.t_pos)
+        s.t_pos += 1
+        self.res.append_calls += 1

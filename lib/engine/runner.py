@@ -1,0 +1,249 @@
+"""A static-KV-cache runner over a loaded Hugging Face decoder's own modules (Qwen3 or Llama), with
+CUDA-graph capture per call length and an optional torch.compile'd layer function."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..bench import NO_CLOCK
+
+# torch.compile of the layer function, scoped to these calls (no global setting is changed):
+# inductor's coordinate-descent tuning took the draft step measured by notebook 02 on one H100 from 1.51 to
+# 1.405 ms (outputs/h100/microbench.json) for ~9 s more compile; and since one compiled function serves every
+# layer (a guard per layer module) and every call length, dynamo's recompile limits are raised while it runs.
+COMPILE_OPTIONS = {"coordinate_descent_tuning": True}
+RECOMPILE_LIMITS = {"cache_size_limit": 64, "accumulated_cache_size_limit": 512}
+
+
+class KVCache:
+    """Keys and values of every layer at fixed positions: (layers, 1, Hkv, max_len, hd) each."""
+
+    def __init__(self, n_layers: int, n_kv: int, max_len: int, head_dim: int, dtype, device):
+        shape = (n_layers, 1, n_kv, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[i], self.v[i]
+
+
+@dataclass(frozen=True)
+class Acceleration:
+    """What a runner's calls are built with: CUDA graphs (ignored on a CPU), torch.compile of the layer, and
+    batch-invariant rows. rows > 0: every call of at most `rows` tokens runs padded to exactly `rows` rows, so
+    every kernel (matmuls, attention, norms, the head) sees one shape and reduces each row in one order whatever
+    the number of real rows: a verify call's logits are bitwise those of single-token calls at its positions."""
+    graphs: bool = False
+    compile: bool = False
+    rows: int = 0
+
+
+class Runner:
+    """Forward passes of a loaded decoder with a static KV cache, reusing the model's own modules.
+
+    forward(ids (1,n), start) writes K/V at positions start..start+n-1 and returns final normed hidden
+    states (1,n,d); greedy() adds the model's dense-head argmax. Positions are device tensors, so each
+    call length n is captured once in a CUDA graph and replayed (graphs=True on CUDA); on a CPU the
+    same code runs eagerly. n_layers < the model's depth runs an early-exit body (its first n_layers,
+    then the final norm). Every call is recorded on `clock` as a span named after `role`. With accel.rows the
+    calls are batch-invariant (Acceleration); the padding rows write K/V past the real ones, into positions the
+    next real tokens overwrite before any query reads them (the cache has accel.rows spare positions).
+    """
+
+    def __init__(self, model, max_len: int, accel: Acceleration = Acceleration(), role: str = "model",
+                 n_layers: int | None = None, clock=NO_CLOCK):
+        cfg = model.config
+        self.model, self.body = model, model.model
+        self.layers = self.body.layers[:n_layers] if n_layers else self.body.layers
+        W = model.get_output_embeddings().weight
+        self.device, self.dtype = W.device, W.dtype
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.max_len, self.rows = max_len, accel.rows
+        self.cache = KVCache(len(self.layers), cfg.num_key_value_heads, max_len + self.rows, head_dim, self.dtype,
+                             self.device)
+        self.arange = torch.arange(max_len + self.rows, device=self.device)
+        cos, sin = self.body.rotary_emb(torch.zeros(1, dtype=self.dtype, device=self.device), self.arange[None])
+        self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)                # (max_len,hd)
+        self.graphs = accel.graphs and self.device.type == "cuda"
+        self._graphs: dict = {}
+        self.fused = [fuse_projections(layer) for layer in self.layers]
+        # One compiled layer function serves every layer (its weights are inputs), once per length n.
+        # Quantised projections break the graph (see `project`): the pieces between them are compiled.
+        whole = all(self.fused)
+        self._layer = (torch.compile(layer_forward, fullgraph=whole, dynamic=False, options=COMPILE_OPTIONS)
+                       if accel.compile else None)
+        self.role, self.clock = role, clock
+
+    def _forward(self, ids: torch.Tensor, start: torch.Tensor, compiled: bool = True) -> torch.Tensor:
+        n = ids.shape[1]
+        pos = start + self.arange[:n]                                                       # (n,)
+        mask = self.arange[None, :] <= pos[:, None]                                         # (n,max_len) causal
+        x = self.body.embed_tokens(ids)
+        at = (pos, mask, self.cos[pos], self.sin[pos])                                      # cos, sin: (n,hd)
+        compiled = compiled and self._layer is not None                                     # eager for any-length prefill
+        fn = self._layer if compiled else layer_forward
+        with torch._dynamo.config.patch(**RECOMPILE_LIMITS) if compiled else nullcontext():
+            for i, layer in enumerate(self.layers):
+                x = fn(layer, self.fused[i], x, at, self.cache.layer(i))
+        return self.body.norm(x)
+
+    def _argmax(self, h: torch.Tensor) -> torch.Tensor:
+        return (h[0] @ self.model.get_output_embeddings().weight.T).argmax(-1)              # (n,)
+
+    def _step(self, kind: str, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """What one CUDA graph holds: the forward, plus the dense argmax for kind 'greedy'."""
+        h = self._forward(ids, start)
+        return h if kind == "hidden" else self._argmax(h)
+
+    @torch.no_grad()
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        """The prompt (1,n) at position 0, eagerly (any length): greedy token after each, (n,)."""
+        with self.clock.span(f"call_{self.role}_prefill", self.device):
+            return self._run("greedy", ids, 0, graph=False)
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, start: int, graph: bool = True) -> torch.Tensor:
+        """Final normed hidden states (1,n,d) for ids (1,n) at positions start.. (writes the cache)."""
+        with self.clock.span(f"call_{self.role}_body", self.device):
+            return self._run("hidden", ids, start, graph)
+
+    @torch.no_grad()
+    def greedy(self, ids: torch.Tensor, start: int, graph: bool = True) -> torch.Tensor:
+        """The model's own dense-head argmax after each of ids (1,n): (n,) on the device."""
+        with self.clock.span(f"call_{self.role}", self.device):
+            return self._run("greedy", ids, start, graph)
+
+    def _run(self, kind: str, ids: torch.Tensor, start: int, graph: bool) -> torch.Tensor:
+        n = ids.shape[1]
+        if start + n > self.max_len:
+            raise ValueError(f"KV cache of {self.max_len} positions cannot hold {start + n}")
+        if not 0 < n < self.rows:
+            return self._call(kind, ids, start, graph)
+        out = self._call(kind, F.pad(ids, (0, self.rows - n)), start, graph)          # batch-invariant: fixed rows
+        return out[:, :n] if kind == "hidden" else out[:n]
+
+    def _call(self, kind: str, ids: torch.Tensor, start: int, graph: bool) -> torch.Tensor:
+        n = ids.shape[1]
+        if not (graph and self.graphs):                                                     # eager, any n
+            h = self._forward(ids, torch.tensor(start, device=self.device), compiled=False)
+            return h if kind == "hidden" else self._argmax(h)
+        with on(self.device):                                                               # graphs live on one GPU
+            g = self._graphs.get((kind, n)) or self._capture(kind, n)
+            g["ids"].copy_(ids)
+            g["start"].fill_(start)
+            g["graph"].replay()
+        return g["out"]
+
+    def warm(self, kind: str, lengths) -> None:
+        """Capture the graphs of these call lengths now (a no-op without graphs), so that none is captured
+        inside a timed generation."""
+        if self.graphs:
+            with on(self.device):
+                for n in sorted({max(n, self.rows) for n in lengths}):                     # the lengths calls run at
+                    self._graphs.get((kind, n)) or self._capture(kind, n)
+
+    def _capture(self, kind: str, n: int) -> dict:
+        """Capture the call of length n. Capturing runs it at position 0: the cache positions it writes are put
+        back, so a graph first captured in the middle of a generation leaves that generation's cache as it was."""
+        ids = torch.zeros(1, n, dtype=torch.long, device=self.device)
+        start = torch.zeros((), dtype=torch.long, device=self.device)
+        kept = self.cache.k[..., :n, :].clone(), self.cache.v[..., :n, :].clone()
+        graph, out = capture(lambda: self._step(kind, ids, start))
+        self.cache.k[..., :n, :], self.cache.v[..., :n, :] = kept                           # after the warm-up runs
+        self._graphs[(kind, n)] = dict(graph=graph, ids=ids, start=start, out=out)
+        return self._graphs[(kind, n)]
+
+
+def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple) -> torch.Tensor:
+    """One decoder layer (Qwen3: q/k RMS norms; Llama: none) on x (1,n,D) at = (positions pos (n,), mask, cos,
+    sin), writing K/V into the static cache kv = (k_cache, v_cache), (1,Hkv,max_len,hd) each; mask (n,max_len)
+    allows each query its own and earlier positions; cos, sin (n,hd) the rotary tables at pos."""
+    (pos, mask, cos, sin), (k_cache, v_cache) = at, kv
+    att = layer.self_attn
+    n, hd = x.shape[1], k_cache.shape[-1]
+    h = layer.input_layernorm(x)
+    if fused:                                                                               # one GEMV for q, k, v
+        q, k, v = F.linear(h, fused["qkv"]).split(fused["qkv_sizes"], dim=-1)
+    else:
+        q, k, v = project(att.q_proj, h), project(att.k_proj, h), project(att.v_proj, h)
+    q, k, v = q.view(1, n, -1, hd), k.view(1, n, -1, hd), v.view(1, n, -1, hd)
+    if hasattr(att, "q_norm"):                                                              # Qwen3 only
+        q, k = att.q_norm(q), att.k_norm(k)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)                      # (1,heads,n,hd)
+    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    k_cache.index_copy_(2, pos, k)
+    v_cache.index_copy_(2, pos, v)
+    o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    x = x + project(att.o_proj, o.transpose(1, 2).reshape(1, n, -1))
+    h = layer.post_attention_layernorm(x)
+    mlp = layer.mlp
+    if fused:                                                                               # one GEMV for gate, up
+        g, u = F.linear(h, fused["gate_up"]).chunk(2, dim=-1)
+    else:
+        g, u = project(mlp.gate_proj, h), project(mlp.up_proj, h)
+    return x + project(mlp.down_proj, mlp.act_fn(g) * u)
+
+
+def project(module, x: torch.Tensor) -> torch.Tensor:
+    """A projection. Plain Linear layers are traced with the layer; a quantised one (gptqmodel's AWQ
+    modules) is called opaquely, since dynamo cannot trace its kernels' Python wrappers (a ContextVar,
+    a lock): one graph break per call, and torch.compile fuses the norms, RoPE and attention between."""
+    return module(x) if type(module) is torch.nn.Linear else _opaque(module, x)
+
+
+@torch.compiler.disable
+def _opaque(module, x: torch.Tensor) -> torch.Tensor:
+    return module(x)
+
+
+def fuse_projections(layer) -> dict:
+    """Store q/k/v and gate/up weights of plain Linear layers contiguously (the modules keep views,
+    so nothing is duplicated), letting one GEMV read each group. Quantised layers are left alone."""
+    att, mlp = layer.self_attn, layer.mlp
+    groups = {"qkv": (att.q_proj, att.k_proj, att.v_proj), "gate_up": (mlp.gate_proj, mlp.up_proj)}
+    mods = [m for g in groups.values() for m in g]
+    if not all(type(m) is torch.nn.Linear and m.bias is None for m in mods):
+        return {}
+    out = {}
+    for name, group in groups.items():
+        if "fused_" + name in layer.__dict__:                                               # a second runner on this model
+            out[name], out[name + "_sizes"] = layer.__dict__["fused_" + name]
+            continue
+        sizes = [m.weight.shape[0] for m in group]
+        fused = torch.cat([m.weight.data for m in group])
+        for m, w in zip(group, fused.split(sizes)):
+            m.weight.data = w
+        out[name], out[name + "_sizes"] = fused, sizes
+        layer.__dict__["fused_" + name] = (fused, sizes)
+    return out
+
+
+def on(device: torch.device):
+    """Make `device` the current CUDA device (a second GPU's graphs and streams live there); no-op on a CPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
+
+
+def capture(fn):
+    """Warm fn up on a side stream, then capture it in a CUDA graph (on the current device).
+    Returns (graph, static output)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    # Capture on our own stream of this device: torch.cuda.graph's default capture stream is made once,
+    # on whichever device was current then, and a second GPU's kernels would escape the capture.
+    with torch.cuda.graph(graph, stream=s):
+        out = fn()
+    return graph, out
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)

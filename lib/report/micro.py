@@ -1,0 +1,31 @@
+"""Notebook 02's tables of microbench.json and step_breakdown.json beyond the thesis's (those: thesis.py
+micro_tables): each measured call against its hardware floor, and a draft step's kernels by kind."""
+from __future__ import annotations
+
+import pandas as pd
+
+
+def floor_table(micro: dict) -> pd.DataFrame:
+    """Mean, p50 and p95 of each measured call (heads and draft steps on the profile's path, both dense head
+    paths, FlashHead at the probe counts with a floor) beside its floor, the least time the bytes it must read
+    take at the measured copy bandwidth (microbench.json's `floors`, GPU profiles), and their ratio."""
+    f = micro["floors"]
+    rows = {"dense head (profile path)": (micro["head"]["dense"], f["dense_head_ms"]),
+            "FlashHead (profile path)": (micro["head"]["flash"], f["flash_head_ms"]),
+            "dense draft step": (micro["model_step"]["dense"], f["dense_step_ms"]),
+            "Flash draft step": (micro["model_step"]["flash"], f["flash_step_ms"])}
+    rows.update({f"dense head, {k}": (v, f["dense_head_ms"]) for k, v in micro["dense_paths"].items()})
+    by_probes = f["flash_head_ms_by_probes"]
+    rows.update({f"FlashHead p={r['n_probes']}, {r['kernel']}": (r, by_probes[str(r["n_probes"])])
+                 for r in micro["probe_sweep"] if str(r["n_probes"]) in by_probes})
+    return pd.DataFrame({k: {"mean ms": s["mean_ms"], "p50 ms": s["p50_ms"], "p95 ms": s["p95_ms"], "floor ms": fl,
+                             "mean / floor": s["mean_ms"] / fl} for k, (s, fl) in rows.items()}).T
+
+
+def breakdown_table(breakdown: dict) -> pd.DataFrame:
+    """Microseconds per step by kernel kind, one column per measured step (step_breakdown.json's parts, as
+    lib.bench.breakdown gives them), with each step's total and its kernel launches."""
+    kinds = pd.DataFrame({k: v["by_kind_us"] for k, v in breakdown.items()}).fillna(0.0)
+    kinds.loc["total (us)"] = [breakdown[k]["total_us"] for k in kinds.columns]
+    kinds.loc["launches per step"] = [breakdown[k]["launches"] for k in kinds.columns]
+    return kinds

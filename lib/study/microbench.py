@@ -1,0 +1,135 @@
+"""Notebook 02: head and draft-step microbenchmarks (thesis tables 4.1-4.4), hardware floors, where a draft
+step's time goes, the early-exit depth of one-checkpoint profiles, and the target's single-token and verify
+calls (notebook 03 measures those)."""
+from __future__ import annotations
+
+import torch
+
+from .. import bench
+from ..config import Profile
+from ..engine.heads import DenseHead, GraphedHead
+from ..models import build as engines, checkpoints
+from ..models.flash_checkpoint import ensure_flash_checkpoint
+from ..results import save_json, update_json
+from . import exit_depth
+from .common import encoded_prompts, stop_tokens
+
+# What notebook 02 shows, reached through its one import of this module.
+from ..report.figures import exit_depth_plot, probe_sweep_plot  # noqa: F401
+from ..report.micro import breakdown_table, floor_table  # noqa: F401
+from ..report.thesis import micro_tables  # noqa: F401
+from .common import setup  # noqa: F401
+
+
+def head_and_step_bench(profile: Profile) -> dict:
+    """Thesis 4.1-4.4: single-step head latency (same hidden state) and complete draft decode step,
+    dense vs FlashHead, plus head latency against the probe count. Alternating order, warm-up first."""
+    b = profile.bench
+    ensure_flash_checkpoint(profile)
+    drafts = engines.build_drafts(profile, ("dense", "flash"))
+    dense, flash = drafts["dense"], drafts["flash"]
+    dev = dense.runner.device
+    prompt = encoded_prompts(profile)[0][1]
+    for d in (dense, flash):
+        d.runner.prefill(torch.tensor([prompt], device=dev))
+    pos = len(prompt)
+    x = torch.tensor([[prompt[-1]]], device=dev)
+    h = flash.runner.forward(x, pos)[:, -1].clone()                                # the same hidden state
+    heads = interleaved_stats({"dense": lambda: dense.head(h), "flash": lambda: flash.head(h)}, b, dev)
+    step = interleaved_stats({"dense": lambda: dense.head(dense.runner.forward(x, pos)[:, -1]),
+                              "flash": lambda: flash.head(flash.runner.forward(x, pos)[:, -1])}, b, dev)
+    fh = flash.head.head
+    kernels = ("torch", "triton") if dev.type == "cuda" else (b.head_kernel,)
+    sweep = [probe_point(fh.with_probes(p, k), h, b, dev) for k in kernels for p in profile.clustering.probe_sweep]
+    result = {"device": bench.device_name(dev), "n_probes": fh.n_probes, "head": heads, "model_step": step,
+              "probe_sweep": sweep}
+    if dev.type == "cuda":                                                   # hardware floors and both head paths
+        result["floors"] = floors(dense, fh, bench.copy_bandwidth(dev))
+        result["dense_paths"] = {k: bench.stats(bench.time_calls(
+            lambda g=GraphedHead(DenseHead(dense.head.head.weight, k), True): g(h), b.warmup, b.iters, dev))
+            for k in kernels}
+    save_json(profile, "microbench.json", result)
+    return result
+
+
+def draft_step_breakdown(profile: Profile) -> dict:
+    """Where one draft step (body + head, as the engine calls it) spends its time, dense and FlashHead:
+    the profiler's kernels, grouped by kind (lib.bench.kernel_breakdown). Saved in step_breakdown.json."""
+    drafts = engines.build_drafts(profile, ("dense", "flash"))
+    dev = drafts["dense"].runner.device
+    prompt = encoded_prompts(profile)[0][1]
+    x, pos = torch.tensor([[prompt[-1]]], device=dev), len(prompt)
+    out = {}
+    for name, d in drafts.items():
+        d.runner.prefill(torch.tensor([prompt], device=dev))
+        out[f"draft_{name}"] = bench.breakdown(lambda d=d: d.head(d.runner.forward(x, pos)[:, -1]), dev)
+    merged = update_json(profile, "step_breakdown.json", out)
+    return {k: merged[k] for k in out}                                       # the draft parts (the file may hold the target's)
+
+
+def probe_point(head, h: torch.Tensor, b, dev) -> dict:
+    """Latency of one FlashHead (a probe count, a kernel path) in its CUDA graph; which path really ran."""
+    g = GraphedHead(head, b.cuda_graphs)
+    ran = "triton" if getattr(head, "fused", None) is not None else "torch"
+    return {"n_probes": head.n_probes, "kernel": ran, **bench.stats(bench.time_calls(lambda: g(h), b.warmup, b.iters, dev))}
+
+
+def floors(dense, fh, bandwidth: float) -> dict:
+    """The least time (ms) each measured call can take at the measured bandwidth: the bytes it must read."""
+    W = fh.weight
+    size = W.element_size()
+    body = sum(p.numel() * p.element_size() for layer in dense.runner.layers for p in layer.parameters())
+    dense_head = W.numel() * size
+    flash_head = lambda p: (fh.centroids.numel() + p * fh.c2t.shape[1] * W.shape[1]) * size
+    ms = lambda nbytes: 1000 * nbytes / bandwidth
+    return {"bandwidth_GBps": bandwidth / 1e9, "dense_head_ms": ms(dense_head), "flash_head_ms": ms(flash_head(fh.n_probes)),
+            "flash_head_ms_by_probes": {str(p): ms(flash_head(p)) for p in (1, 16, 256) if p <= fh.n_clusters},
+            "dense_step_ms": ms(body + dense_head), "flash_step_ms": ms(body + flash_head(fh.n_probes))}
+
+
+def interleaved_stats(fns: dict, b, dev) -> dict:
+    raw = bench.interleaved(fns, b.warmup, b.iters, dev)
+    out = {name: bench.stats(ms) for name, ms in raw.items()}
+    out["speedup"] = out["dense"]["mean_ms"] / out["flash"]["mean_ms"]
+    out["raw_ms"] = raw
+    return out
+
+
+def target_step_bench(profile: Profile, target_model=None) -> dict:
+    """Target latency: one single-token step, and verify calls of each block length (graph replays)."""
+    b = profile.bench
+    runner = engines.build_target(profile, target_model).runner
+    dev = runner.device
+    prompt = encoded_prompts(profile)[0][1]
+    runner.prefill(torch.tensor([prompt], device=dev))
+    pos = len(prompt)
+    ids = {n: torch.tensor([prompt[-n:]], device=dev) for n in b.verify_lengths}
+    fns = {str(n): (lambda n=n: runner.greedy(ids[n], pos)) for n in b.verify_lengths}
+    iters = max(10, b.iters // 10)
+    raw = bench.interleaved(fns, max(2, b.warmup // 4), iters, dev)
+    verify = {n: bench.stats(ms) for n, ms in raw.items()}
+    quant = getattr(runner.model.config, "quantization_config", None)
+    key = "awq_ms" if quant else {"bfloat16": "bf16_ms", "float16": "fp16_ms", "float32": "fp32_ms"}[profile.dtype]
+    result = {"device": bench.device_name(dev), "dtype": profile.dtype, key: verify["1"]["mean_ms"],
+              "projection": type(runner.layers[0].mlp.down_proj).__name__, "compiled": profile.bench.compile_target,
+              "batch_invariant_rows": runner.rows,
+              "single": verify["1"], "verify_ms": {n: v["mean_ms"] for n, v in verify.items()}, "verify": verify}
+    save_json(profile, "target_step.json", result)
+    if dev.type == "cuda":                                                   # where a single-token step goes
+        x = torch.tensor([prompt[-1:]], device=dev)
+        update_json(profile, "step_breakdown.json", {"target": bench.breakdown(lambda: runner.greedy(x, pos), dev)})
+    return result
+
+
+def exit_depth_study(profile: Profile, target_model=None):
+    """One-checkpoint (early-exit) profiles: the table of lib.study.exit_depth.exit_depth_table at the depths
+    notebook 02 tabulates (table_depths), on the profile's prompts, block length, token budget and stop tokens;
+    saved in exit_depth.json. None where the profile has no early-exit draft (models.exit_layer)."""
+    if not profile.models.exit_layer:
+        return None
+    model = target_model if target_model is not None else checkpoints.load_target(profile)
+    depths = exit_depth.table_depths(model.config.num_hidden_layers)
+    table = exit_depth.exit_depth_table(model, [ids for _, ids in encoded_prompts(profile)], k=profile.decode.k,
+                                        max_new=profile.decode.max_new_tokens, depths=depths, stop=stop_tokens(profile))
+    save_json(profile, "exit_depth.json", {"depths": table.reset_index().to_dict("records")})
+    return table
