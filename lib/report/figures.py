@@ -92,7 +92,7 @@ def phase_shares(groups: dict, path: Path) -> Path:
 def accepted_lengths(df: pd.DataFrame, agg: pd.DataFrame, path: Path, note: str = "") -> Path:
     """Share of rounds that accepted 0, 1, ... draft tokens, one row per mode (a heatmap reads at any count)."""
     spec = df[df["mode"] != modes.BASELINE]
-    lens = spec[["mode", "accepted_lengths"]].explode("accepted_lengths").dropna()
+    lens = spec[["mode", "accepted_lengths"]].explode("accepted_lengths", ignore_index=True).dropna()   # unique index: crosstab aligns on it
     counts = pd.crosstab(lens["mode"], lens.accepted_lengths.astype(int), normalize="index")
     counts = counts.reindex([m for m in agg.index if m in counts.index])
     counts.index = [modes.LABELS[m] for m in counts.index]
