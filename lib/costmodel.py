@@ -15,17 +15,17 @@ def expected_emitted(alpha: float, k: int) -> float:
     return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-COSTED = ("dense", "dense_shared", "flash")      # drafts whose step notebook 02 measures (dense_shared: the dense step)
+COSTED = (modes.DENSE, modes.DENSE_SHARED, modes.FLASH)   # drafts whose step notebook 02 measures (dense_shared: dense's)
 
 
-def call_costs(micro: dict, target_step: dict, draft: str = "flash") -> dict:
+def call_costs(micro: dict, target_step: dict, draft: str = modes.FLASH) -> dict:
     """Per-call costs (ms) measured in notebooks 02-03: T_p(n) target call with n tokens, T_q draft step
     (the FlashHead model's step for FlashHead drafts, the dense model's otherwise). Lengths between the
     measured ones (a profile may time only some) are interpolated linearly."""
     measured = sorted((int(n), v) for n, v in target_step["verify_ms"].items())
     n, ms = zip(*measured)
     return {"T_p": {i: float(np.interp(i, n, ms)) for i in range(1, n[-1] + 1)},
-            "T_q": micro["model_step"]["flash" if draft == "flash" else "dense"]["mean_ms"]}
+            "T_q": micro["model_step"]["flash" if draft == modes.FLASH else "dense"]["mean_ms"]}
 
 
 def tpot_ms(costs: dict, k: int, emitted: float, schedule: str, skip: float = 0.0) -> float:
@@ -129,9 +129,9 @@ def thesis_emitted(k: int) -> dict[str, dict[str, float]]:
     """Mean emitted per round implied by the thesis's published statistics (params/thesis_tables.yaml):
     table 4.5's acceptance a gives 1 + a*K; tables 4.7 and 4.9 give mean emitted directly."""
     t = thesis_numbers()
-    acc = {d: t["table_4_5"][modes.name(d, ORDINARY)]["acceptance"] for d in ("dense", "flash")}
-    em7 = {d: t["table_4_7"][modes.name(d, ORDINARY)]["mean_emitted"] for d in ("dense", "flash")}
-    em9 = {d: t["table_4_9"][modes.name(d, DEFERRED)]["mean_emitted"] for d in ("dense", "flash")}
+    acc = {d: t["table_4_5"][modes.name(d, ORDINARY)]["acceptance"] for d in (modes.DENSE, modes.FLASH)}
+    em7 = {d: t["table_4_7"][modes.name(d, ORDINARY)]["mean_emitted"] for d in (modes.DENSE, modes.FLASH)}
+    em9 = {d: t["table_4_9"][modes.name(d, DEFERRED)]["mean_emitted"] for d in (modes.DENSE, modes.FLASH)}
     fmt = lambda v: "/".join(f"{x:.3f}" for x in v.values())
     return {f"table 4.5 (acceptance {fmt(acc)})": {d: 1 + a * k for d, a in acc.items()},
             f"table 4.7 (mean emitted {fmt(em7)})": em7,
@@ -146,7 +146,7 @@ def projections(micro: dict, target_step: dict, k: int) -> pd.DataFrame:
     for src, em in thesis_emitted(k).items():
         row = {"thesis statistics": src,
                modes.BASELINE: 1000 / tpot_ms(call_costs(micro, target_step), k, 1, modes.BASELINE)}
-        for draft in ("dense", "flash"):
+        for draft in (modes.DENSE, modes.FLASH):
             for schedule in (ORDINARY, DEFERRED):
                 skip = skip_share(per_token_acceptance(em[draft], k), schedule)
                 cost = tpot_ms(call_costs(micro, target_step, draft), k, em[draft], schedule, skip)
@@ -159,6 +159,6 @@ def projection_grid(micro: dict, target_step: dict, alphas=(0.2, 0.3, 0.4, 0.5, 
                     ks=(1, 2, 3, 4, 5, 6, 7)) -> pd.DataFrame:
     """PROJECTED speedup of the FlashHead draft (deferred) over the baseline, over acceptance and K."""
     base = tpot_ms(call_costs(micro, target_step), 1, 1, modes.BASELINE)
-    costs = call_costs(micro, target_step, "flash")
+    costs = call_costs(micro, target_step, modes.FLASH)
     return pd.DataFrame({k: [base / tpot_ms(costs, k, expected_emitted(a, k), DEFERRED) for a in alphas] for k in ks},
                         index=pd.Index(alphas, name="per-token acceptance")).rename_axis(columns="K")

@@ -19,8 +19,20 @@ BASELINE = "baseline"
 # at fixed K only (one adaptive axis at a time).
 DRAFTS = {"dense": "Dense", "dense_shared": "Dense shared", "flash": "FlashHead", "flash_full": "FlashHead full-depth",
           "flash_adaptive": "FlashHead adaptive probes", "bandit_ucb": "Bandit (UCB1)", "bandit_thompson": "Bandit (Thompson)"}
-ADAPTIVE_DRAFTS = ("flash_adaptive", "bandit_ucb", "bandit_thompson")
-BANDITS = ("bandit_ucb", "bandit_thompson")     # rewarded with tokens per ms: their choices follow measured timings
+DENSE, DENSE_SHARED, FLASH, FLASH_FULL, FLASH_ADAPTIVE, BANDIT_UCB, BANDIT_THOMPSON = DRAFTS
+ADAPTIVE_DRAFTS = (FLASH_ADAPTIVE, BANDIT_UCB, BANDIT_THOMPSON)
+BANDITS = (BANDIT_UCB, BANDIT_THOMPSON)     # rewarded with tokens per ms: their choices follow measured timings
+FLASH_HEADED = (FLASH, FLASH_FULL)          # drafts whose greedy head is FlashHead (sampling draws their probes)
+
+
+def probes_arm(p: int) -> str:
+    """The name of FlashHead at p probes as a bandit arm or adaptive-study drafter: 'flash_p<p>'."""
+    return f"{FLASH}_p{p}"
+
+
+def threshold_drafter(t: float) -> str:
+    """The name of the adaptive-probe head at threshold t in the adaptive study: 'adaptive_t<t>'."""
+    return f"adaptive_t{t:g}"
 
 # schedule -> label suffix (see lib/speculative.py for what each does)
 SCHEDULES = {"ordinary": "", "pipelined": ", pipelined", "deferred": ", deferred"}

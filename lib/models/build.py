@@ -10,7 +10,8 @@ from ..bench import Clock
 from ..config import Profile
 from ..engine.adaptive import AdaptiveFlashHead, AdaptiveProbeDraft, BanditDraft, Thompson, UCB1
 from ..engine.heads import DenseHead, GraphedHead
-from ..modes import ADAPTIVE_DRAFTS, BASELINE, FIXED
+from ..modes import (ADAPTIVE_DRAFTS, BANDIT_UCB, BASELINE, DENSE, DENSE_SHARED, FIXED, FLASH, FLASH_FULL,
+                     probes_arm)
 from ..engine.runner import Acceleration, Runner
 from ..engine.speculative import Draft, Target
 
@@ -59,13 +60,13 @@ def build_drafts(profile: Profile, which, clock=None, model=None) -> dict[str, D
     if profile.models.source == "gguf":
         return gguf_drafts(profile, which, accel, n, clock, model)
     out = {}
-    if "dense" in which:
+    if DENSE in which:
         m = checkpoints.load_draft(profile)
         out["dense"] = make_draft(m, DenseHead(m.get_output_embeddings().weight, kernel), n, accel, clock)
-    if {"flash", "dense_shared"} & set(which):
+    if {FLASH, DENSE_SHARED} & set(which):
         m, fh = flash_checkpoint.load_flash_draft(profile)
         runner = draft_runner(m, n, accel, clock)                            # one body for both heads
-        for name, head in (("flash", fh), ("dense_shared", DenseHead(m.get_output_embeddings().weight, kernel))):
+        for name, head in ((FLASH, fh), (DENSE_SHARED, DenseHead(m.get_output_embeddings().weight, kernel))):
             if name in which:
                 out[name] = Draft(runner, GraphedHead(head, accel.graphs, runner.clock))
     return out
@@ -84,14 +85,14 @@ def gguf_drafts(profile: Profile, which, accel: Acceleration, n: int, clock=None
     if not 1 <= exit_layer < depth:
         raise ValueError(f"{profile.name}: models.exit_layer is {exit_layer}, the model has {depth} layers (use 1..{depth - 1})")
     W = model.get_output_embeddings().weight
-    fh = flash_checkpoint.load_flash_head(profile, W) if {"flash", "flash_full"} & set(which) else None
+    fh = flash_checkpoint.load_flash_head(profile, W) if {FLASH, FLASH_FULL} & set(which) else None
     out = {}
-    if {"dense", "flash"} & set(which):
+    if {DENSE, FLASH} & set(which):
         runner = draft_runner(model, n, accel, clock, n_layers=exit_layer)   # one early-exit body, two heads
-        for name, head in (("dense", DenseHead(W, profile.bench.head_kernel)), ("flash", fh)):
+        for name, head in ((DENSE, DenseHead(W, profile.bench.head_kernel)), (FLASH, fh)):
             if name in which:
                 out[name] = Draft(runner, GraphedHead(head, accel.graphs, runner.clock))
-    if "flash_full" in which:
+    if FLASH_FULL in which:
         out["flash_full"] = make_draft(model, fh, n, accel, clock)
     return out
 
@@ -138,14 +139,14 @@ def kernels(target: Target, drafts: dict[str, Draft]) -> dict[str, str]:
 
 def shared_dense(profile: Profile) -> str:
     """The draft whose dense head runs on the FlashHead draft's body: dense (gguf: one early-exit body) or dense_shared."""
-    return "dense" if profile.models.source == "gguf" else "dense_shared"
+    return DENSE if profile.models.source == "gguf" else DENSE_SHARED
 
 
 def build_all_drafts(profile: Profile, which, clock=None, model=None) -> dict[str, Draft]:
     """build_drafts, plus the adaptive drafts (lib/adaptive.py) made from the FlashHead draft's body and heads."""
     adaptive = [w for w in which if w in ADAPTIVE_DRAFTS]
     plain = [w for w in which if w not in ADAPTIVE_DRAFTS]
-    need = {"flash", shared_dense(profile)} if adaptive else set()
+    need = {FLASH, shared_dense(profile)} if adaptive else set()
     base = build_drafts(profile, set(plain) | need, clock, model)
     return {**{w: base[w] for w in plain},
             **{w: adaptive_draft(profile, w, base["flash"], base[shared_dense(profile)]) for w in adaptive}}
@@ -167,9 +168,9 @@ def adaptive_draft(profile: Profile, name: str, flash: Draft, dense: Draft) -> D
         head = AdaptiveFlashHead(fh, a.threshold, a.p_min, a.p_max or fh.n_probes, a.temperature)
         return AdaptiveProbeDraft(flash.runner, graphed(head))
     b = profile.decode.bandit
-    arms = {f"flash_p{p}": flash.head if p == fh.n_probes else graphed(fh.with_probes(p))
+    arms = {probes_arm(p): flash.head if p == fh.n_probes else graphed(fh.with_probes(p))
             for p in bandit_probes(profile, fh.n_probes, fh.n_clusters)}
     if b.dense_arm:
         arms["dense"] = dense.head
-    bandit = UCB1(list(arms), b.ucb_c) if name == "bandit_ucb" else Thompson(list(arms), profile.seed)
+    bandit = UCB1(list(arms), b.ucb_c) if name == BANDIT_UCB else Thompson(list(arms), profile.seed)
     return BanditDraft(flash.runner, flash.head, arms, bandit)

@@ -16,7 +16,7 @@ from .summary_json import run_source
 
 def thesis_modes(schedule: str) -> list[str]:
     """The modes the thesis compares under a schedule: baseline, dense draft, FlashHead draft."""
-    return [modes.BASELINE, modes.name("dense", schedule), modes.name("flash", schedule)]
+    return [modes.BASELINE, modes.name(modes.DENSE, schedule), modes.name(modes.FLASH, schedule)]
 
 
 def thesis_consistency(k: int = 6, max_new: int = 64) -> pd.DataFrame:
@@ -106,7 +106,7 @@ def e2e_tables(profile: Profile, agg: pd.DataFrame) -> dict[str, pd.DataFrame]:
     tabs["4.7"] = e2e({"Decode Tok/s": "decode_tok_s", "Decode total (ms)": "decode_total_ms",
                        "Draft propose share": "draft_share", "Base verify share": "verify_share",
                        "Finalize share": "finalize_share", "Acceptance": "acceptance", "Mean emitted": "mean_emitted"},
-                      "table_4_7", [modes.name(d, ORDINARY) for d in ("dense", "dense_shared", "flash")])
+                      "table_4_7", [modes.name(d, ORDINARY) for d in (modes.DENSE, modes.DENSE_SHARED, modes.FLASH)])
     tabs["4.9"] = e2e({"Samples": "samples", "Decode Tok/s": "decode_tok_s", "TTFT (ms)": "ttft_ms",
                        "Decode total (ms)": "decode_total_ms", "Acceptance": "acceptance", "Mean emitted": "mean_emitted",
                        "Base verify calls": "verify_calls", "Base append calls": "append_calls"},
@@ -133,7 +133,7 @@ def speedups(agg: pd.DataFrame, theirs: dict, src: str, which: list[str]) -> pd.
 
 
 def diagnosis(agg: pd.DataFrame, theirs: dict, src: str) -> pd.DataFrame:
-    flash = modes.name("flash", ORDINARY)
+    flash = modes.name(modes.FLASH, ORDINARY)
     if flash not in agg.index:
         return pd.DataFrame()
     f = agg.loc[flash]

@@ -63,20 +63,21 @@ def study_drafts(profile: Profile, target_model=None):
     draft's body: the dense head, FlashHead at each fixed probe count (flash_p<q>), the adaptive head at each
     threshold (adaptive_t<t>) and both bandits."""
     dense_name = engines.shared_dense(profile)
-    target, drafts = engines.build_engines(profile, ["flash", dense_name, "bandit_ucb", "bandit_thompson"], target_model,
+    target, drafts = engines.build_engines(profile, [modes.FLASH, dense_name, *modes.BANDITS], target_model,
                                            adaptive_k=True)                  # the study's block policies reach k_max
-    flash, a = drafts["flash"], profile.clustering.adaptive
+    flash, a = drafts[modes.FLASH], profile.clustering.adaptive
     fh, graphs = flash.head.head, profile.bench.cuda_graphs
     p_max = a.p_max or fh.n_probes
-    arms = drafts["bandit_ucb"].arms
+    arms = drafts[modes.BANDIT_UCB].arms
     probes = sorted({a.p_min, p_max, fh.n_probes, *engines.bandit_probes(profile, fh.n_probes, fh.n_clusters)})
-    out = {f"flash_p{q}": Draft(flash.runner, arms.get(f"flash_p{q}") or GraphedHead(fh.with_probes(q), graphs, flash.runner.clock))
+    graphed = lambda head: GraphedHead(head, graphs, flash.runner.clock)                 # noqa: E731
+    out = {modes.probes_arm(q): Draft(flash.runner, arms.get(modes.probes_arm(q)) or graphed(fh.with_probes(q)))
            for q in probes}
-    out["dense"] = drafts[dense_name]
+    out[modes.DENSE] = drafts[dense_name]
     for t in thresholds(profile):
         head = adaptive.AdaptiveFlashHead(fh, t, a.p_min, p_max, a.temperature)
-        out[f"adaptive_t{t:g}"] = adaptive.AdaptiveProbeDraft(flash.runner, GraphedHead(head, graphs, flash.runner.clock))
-    return target, {**out, "bandit_ucb": drafts["bandit_ucb"], "bandit_thompson": drafts["bandit_thompson"]}, fh
+        out[modes.threshold_drafter(t)] = adaptive.AdaptiveProbeDraft(flash.runner, graphed(head))
+    return target, {**out, **{b: drafts[b] for b in modes.BANDITS}}, fh
 
 
 def k_policy_drafters(profile: Profile, fh, schedule: str) -> dict:
@@ -85,13 +86,13 @@ def k_policy_drafters(profile: Profile, fh, schedule: str) -> dict:
     {name: (drafter it runs, policy factory)}, named '<drafter>_k<policy>'."""
     d = profile.decode
     try:
-        costs = study.call_costs(profile, ("flash", "dense"))
+        costs = study.call_costs(profile, (modes.FLASH, modes.DENSE))
     except FileNotFoundError as e:
         costs = {}
         note(f"block policy 'cost' left out of the adaptive study: {e}")
     out = {}
     for policy in [modes.GROW] + ([modes.COST] if costs else []):
-        for drafter, head in ((f"flash_p{fh.n_probes}", "flash"), ("dense", "dense")):
+        for drafter, head in ((modes.probes_arm(fh.n_probes), modes.FLASH), (modes.DENSE, modes.DENSE)):
             out[f"{drafter}_k{policy}"] = (drafter, lambda policy=policy, c=costs.get(head): make_policy(
                 policy, d.k, d.k_max, schedule, c))
     return out
@@ -143,7 +144,7 @@ def regret(stats: dict, arms: list[str]) -> dict:
     best = max(arms, key=lambda a: stats[a]["decode_tok_s"])
     rate = stats[best]["decode_tok_s"] / 1000                                   # tokens per ms
     out = {}
-    for b in ("bandit_ucb", "bandit_thompson"):
+    for b in (modes.BANDIT_UCB, modes.BANDIT_THOMPSON):
         s = stats[b]
         out[b] = {"best_arm": best, "regret_ms": s["decode_ms"] - s["decode_tokens"] / rate,
                   "regret_frac": 1 - s["decode_tok_s"] / stats[best]["decode_tok_s"],
@@ -225,7 +226,7 @@ def adaptive_study(profile: Profile, target_model=None, n_prompts: int | None = 
     enc = study.side_prompts(profile)[:n_prompts]
     k_policies = k_policy_drafters(profile, fh, schedule)
     stats = run_drafters(profile, target, drafts, enc, schedule, study.stop_tokens(profile), k_policies)
-    reg = regret(stats, list(drafts["bandit_ucb"].arms))
+    reg = regret(stats, list(drafts[modes.BANDIT_UCB].arms))
     rows = study_rows(stats, reg, k_policies)
     try:
         run = results.latest_run(profile.out_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import bench
+from .. import bench, modes
 from ..config import Profile
 from ..engine.heads import DenseHead, GraphedHead
 from ..models import build as engines, checkpoints
@@ -26,8 +26,8 @@ def head_and_step_bench(profile: Profile) -> dict:
     dense vs FlashHead, plus head latency against the probe count. Alternating order, warm-up first."""
     b = profile.bench
     ensure_flash_checkpoint(profile)
-    drafts = engines.build_drafts(profile, ("dense", "flash"))
-    dense, flash = drafts["dense"], drafts["flash"]
+    drafts = engines.build_drafts(profile, (modes.DENSE, modes.FLASH))
+    dense, flash = drafts[modes.DENSE], drafts[modes.FLASH]
     dev = dense.runner.device
     prompt = encoded_prompts(profile)[0][1]
     for d in (dense, flash):
@@ -55,8 +55,8 @@ def head_and_step_bench(profile: Profile) -> dict:
 def draft_step_breakdown(profile: Profile) -> dict:
     """Where one draft step (body + head, as the engine calls it) spends its time, dense and FlashHead:
     the profiler's kernels, grouped by kind (lib.bench.kernel_breakdown). Saved in step_breakdown.json."""
-    drafts = engines.build_drafts(profile, ("dense", "flash"))
-    dev = drafts["dense"].runner.device
+    drafts = engines.build_drafts(profile, (modes.DENSE, modes.FLASH))
+    dev = drafts[modes.DENSE].runner.device
     prompt = encoded_prompts(profile)[0][1]
     x, pos = torch.tensor([[prompt[-1]]], device=dev), len(prompt)
     out = {}

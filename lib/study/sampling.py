@@ -10,7 +10,6 @@ from ..progress import steps
 from ..engine.speculative import Request, generate_baseline, generate_speculative
 from ..report.sampling import aggregate, sampled_rows, summary_section  # noqa: F401  (pure: the report's)
 
-FLASH_DRAFTS = ("flash", "flash_full")                                     # drafts whose head is FlashHead
 
 
 def sampling_modes(profile: Profile) -> list[tuple[str, str | None, str | None]]:
@@ -20,7 +19,7 @@ def sampling_modes(profile: Profile) -> list[tuple[str, str | None, str | None]]
     out = [(modes.BASELINE, None, None)]
     for draft, schedule, _ in modes.run_order(profile.decode.modes, s.schedules):
         if draft != modes.BASELINE and draft not in modes.ADAPTIVE_DRAFTS:              # those are greedy-only
-            out += [(draft, schedule, p) for p in s.probes] if draft in FLASH_DRAFTS else [(draft, schedule, None)]
+            out += [(draft, schedule, p) for p in s.probes] if draft in modes.FLASH_HEADED else [(draft, schedule, None)]
     return out
 
 
