@@ -75,8 +75,7 @@ PEERS = {"hf_greedy": "HF generate, greedy (dynamic cache)", "hf_static": "HF ge
          "hf_assisted": "HF assisted generation (dense draft)", "hf_prompt_lookup": "HF prompt-lookup decoding"}
 ENGINE_BASELINE = "engine_baseline"
 
-# the schedules speculative sampling supports (lib/sampling.py)
-SAMPLING_SCHEDULES = (ORDINARY, DEFERRED)
+
 
 # Notebook 03's side studies after the end-to-end run, each on the first prompts.side_prompts prompts.
 SIDE_STUDIES = {"sampling": "exact speculative sampling (sampling.json)", "adaptive": "adaptive drafts (adaptive.json)",

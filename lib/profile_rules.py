@@ -35,8 +35,8 @@ def sampling(s, need) -> None:
     need(bool(s.temperatures) and all(t > 0 for t in s.temperatures),
          f"sampling.temperatures must be a non-empty list of values > 0 (greedy: decode), got {s.temperatures}")
     need(0 < s.top_p <= 1, f"sampling.top_p must be in (0, 1], got {s.top_p}")
-    need(bool(s.schedules) and set(s.schedules) <= set(modes.SAMPLING_SCHEDULES),
-         f"sampling.schedules must be a non-empty subset of {list(modes.SAMPLING_SCHEDULES)}, got {s.schedules}")
+    need(bool(s.schedules) and set(s.schedules) <= set(modes.SCHEDULES),
+         f"sampling.schedules must be a non-empty subset of {list(modes.SCHEDULES)}, got {s.schedules}")
     need(bool(s.probes) and set(s.probes) <= {"drawn", "top"},
          f"sampling.probes must be a non-empty subset of ['drawn', 'top'], got {s.probes}")
 

@@ -141,7 +141,7 @@ def test_profile_sampling_settings_are_validated(tmp_path):
     for bad, message in (({"temperatures": [0.5, 0.0]}, "sampling.temperatures must be a non-empty list"),
                          ({"temperatures": []}, "sampling.temperatures must be a non-empty list"),
                          ({"top_p": 1.2}, r"sampling.top_p must be in \(0, 1\]"),
-                         ({"schedules": ["pipelined"]}, "sampling.schedules must be a non-empty subset"),
+                         ({"schedules": ["lazy"]}, "sampling.schedules must be a non-empty subset"),
                          ({"probes": ["random"]}, "sampling.probes must be a non-empty subset"),
                          ({"temperatures": ["hot"]}, "expected float")):
         path = tmp_path / "custom.yaml"
