@@ -138,7 +138,7 @@ def device_name(device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-# First match wins: this study's Triton heads (lib/kernels.py) first; inductor's kernels that hold a matmul
+# First match wins: this study's Triton heads (lib/engine/kernels.py) first; inductor's kernels that hold a matmul
 # (coordinate-descent tuning turns one-row matmuls into Triton reductions fused with their norms, activations
 # and residual adds: "_mm_" in the name) before plain GEMMs (cuBLAS on Hopper names its GEMMs nvjet_*); other
 # compiled kernels before attention, since inductor names the fusions around attention after the ops they hold.

@@ -42,7 +42,7 @@ class Shape:
 
 @dataclass(frozen=True)
 class Synthetic:
-    """How the synthetic target/draft pair is made (see lib/synthetic.py)."""
+    """How the synthetic target/draft pair is made (see lib/models/synthetic.py)."""
     vocab_size: int
     n_families: int          # shared token-family directions in the embedding
     family_cos: float        # cosine of each token embedding to its family direction
@@ -51,7 +51,7 @@ class Synthetic:
     target: Shape
     draft: Shape
     save_target: bool = True  # save_pretrained + from_pretrained round trip for the target
-    target_quant: str = ""     # "awq": the target is written as an AWQ int4 checkpoint (lib/quantize.py)
+    target_quant: str = ""     # "awq": the target is written as an AWQ int4 checkpoint (lib/models/quantize.py)
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class Models:
 
 @dataclass(frozen=True)
 class AdaptiveProbes:
-    """flash_adaptive (lib/adaptive.py): per step the least p in [p_min, p_max] whose top-p softmax mass reaches threshold."""
+    """flash_adaptive (lib/engine/adaptive.py): per step the least p in [p_min, p_max] whose top-p softmax mass reaches threshold."""
     threshold: float = 0.9
     p_min: int = 1
     p_max: int | None = None          # None: clustering.n_probes
@@ -82,7 +82,7 @@ class AdaptiveProbes:
 
 @dataclass(frozen=True)
 class Bandit:
-    """The bandit_ucb / bandit_thompson drafts (lib/adaptive.py): arms are heads on the FlashHead draft's body."""
+    """The bandit_ucb / bandit_thompson drafts (lib/engine/adaptive.py): arms are heads on the FlashHead draft's body."""
     probes: list[int] = field(default_factory=list)   # FlashHead probe counts besides n_probes; [] = n_probes/4 and 4*n_probes
     dense_arm: bool = True            # the dense head on the same body is an arm too
     ucb_c: float = 1.0                # UCB1's exploration weight (times the largest reward seen)
@@ -108,7 +108,7 @@ class Decode:
     modes: list[str] = field(default_factory=lambda: [modes.BASELINE, "dense", "flash", "dense_shared"])
     schedules: list[str] = field(default_factory=lambda: [modes.ORDINARY, modes.DEFERRED])
     stop_at_eos: bool = False         # stop at the tokenizer's end-of-sequence token(s); False: fixed length
-    k_policies: list[str] = field(default_factory=lambda: [modes.FIXED])   # block-length policies (lib/blocks.py)
+    k_policies: list[str] = field(default_factory=lambda: [modes.FIXED])   # block-length policies (lib/engine/blocks.py)
     k_max: int = 7                    # the largest block an adaptive policy may choose
     # the target's calls batch-invariant (lib/engine/runner.py: Acceleration.rows): a verify call's logits bitwise
     # those of single-token calls, so speculative output equals greedy output in bf16 too; unset: on for CUDA
@@ -118,7 +118,7 @@ class Decode:
 
 @dataclass(frozen=True)
 class Sampling:
-    """The speculative-sampling study (lib/sampling.py, lib/sampling_study.py); greedy is the end-to-end run."""
+    """The speculative-sampling study (lib/engine/sampling.py, lib/study/sampling.py); greedy is the end-to-end run."""
     temperatures: list[float] = field(default_factory=lambda: [0.5, 1.0])
     top_p: float = 1.0                # nucleus mass (1: the whole distribution)
     schedules: list[str] = field(default_factory=lambda: [modes.ORDINARY, modes.DEFERRED])   # any of modes.SCHEDULES
@@ -144,7 +144,7 @@ class Bench:
     cuda_graphs: bool = True          # capture decode/verify/head calls in CUDA graphs (GPU only)
     compile_draft: bool = False       # fuse the draft body's small ops with torch.compile (GPU only)
     compile_target: bool = False      # the same for the target (one compile per verify length)
-    head_kernel: str = "triton"       # both heads on CUDA: the "triton" kernels (lib/kernels.py) or "torch" ops; CPUs: torch
+    head_kernel: str = "triton"       # both heads on CUDA: the "triton" kernels (lib/engine/kernels.py) or "torch" ops; CPUs: torch
     verify_lengths: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8])
 
 
@@ -159,7 +159,7 @@ class Slurm:
 
 @dataclass(frozen=True)
 class Peers:
-    """Hugging Face generate() peers measured in this study's harness (lib/peers.py)."""
+    """Hugging Face generate() peers measured in this study's harness (lib/study/peers.py)."""
     methods: list[str] = field(default_factory=lambda: list(modes.PEERS))
     prompt_lookup_tokens: int = 10    # prompt_lookup_num_tokens of prompt-lookup decoding
     assistant_schedule: str = "constant"   # constant: decode.k a round, no confidence stop; hf_default: HF's own

@@ -14,7 +14,7 @@ BASELINE = "baseline"
 # gguf profiles (one checkpoint): dense and flash are the target's first exit_layer layers with the dense head
 # or FlashHead; flash_full is the full-depth target with FlashHead, a fidelity control whose acceptance is
 # FlashHead's top-1 agreement with the dense head along the target's greedy trajectory.
-# Adaptive drafts (lib/adaptive.py, on the FlashHead draft's body): flash_adaptive chooses its probe count per step;
+# Adaptive drafts (lib/engine/adaptive.py, on the FlashHead draft's body): flash_adaptive chooses its probe count per step;
 # bandit_ucb / bandit_thompson choose a head (dense or FlashHead at several probe counts) each round. They run
 # at fixed K only (one adaptive axis at a time).
 DRAFTS = {"dense": "Dense", "dense_shared": "Dense shared", "flash": "FlashHead", "flash_full": "FlashHead full-depth",
@@ -34,12 +34,12 @@ def threshold_drafter(t: float) -> str:
     """The name of the adaptive-probe head at threshold t in the adaptive study: 'adaptive_t<t>'."""
     return f"adaptive_t{t:g}"
 
-# schedule -> label suffix (see lib/speculative.py for what each does)
+# schedule -> label suffix (see lib/engine/speculative.py for what each does)
 SCHEDULES = {"ordinary": "", "pipelined": ", pipelined", "deferred": ", deferred"}
 ORDINARY, PIPELINED, DEFERRED = SCHEDULES
 
 
-# block-length policy -> label suffix (see lib/blocks.py); "fixed" adds nothing to a mode's name
+# block-length policy -> label suffix (see lib/engine/blocks.py); "fixed" adds nothing to a mode's name
 K_POLICIES = {"fixed": "", "grow": ", K by acceptance", "cost": ", K by cost model"}
 FIXED, GROW, COST = K_POLICIES
 
@@ -69,7 +69,7 @@ LABELS = {BASELINE: "Baseline", **{name(d, s, k): f"{DRAFTS[d]} draft{SCHEDULES[
                                    for k in K_POLICIES for s in SCHEDULES for d in DRAFTS}}
 
 
-# Peers measured in the same harness (lib/peers.py): Hugging Face transformers' own generate() on the profile's
+# Peers measured in the same harness (lib/study/peers.py): Hugging Face transformers' own generate() on the profile's
 # target (and dense draft), with its label. "engine_baseline" is this engine's generate_baseline, timed beside them.
 PEERS = {"hf_greedy": "HF generate, greedy (dynamic cache)", "hf_static": "HF generate, greedy (static cache)",
          "hf_assisted": "HF assisted generation (dense draft)", "hf_prompt_lookup": "HF prompt-lookup decoding"}

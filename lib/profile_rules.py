@@ -112,7 +112,7 @@ def other(p, need) -> None:
 
 
 def adaptive(p, need) -> None:
-    """Settings of the adaptive drafts (lib/adaptive.py), checked even when no adaptive mode runs."""
+    """Settings of the adaptive drafts (lib/engine/adaptive.py), checked even when no adaptive mode runs."""
     a, c, b = p.clustering.adaptive, p.clustering.n_clusters, p.decode.bandit
     p_max = a.p_max if a.p_max is not None else p.clustering.n_probes
     need(all(0.0 <= t <= 1.0 for t in [a.threshold, *a.sweep]), "clustering.adaptive: threshold and sweep values must be in [0, 1]")

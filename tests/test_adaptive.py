@@ -1,4 +1,4 @@
-"""Adaptive drafts (lib/adaptive.py): the adaptive-probe FlashHead and the bandit drafter keep the output equal
+"""Adaptive drafts (lib/engine/adaptive.py): the adaptive-probe FlashHead and the bandit drafter keep the output equal
 to greedy decoding; the probe count stays in its bounds and meets FlashHead at its ends; UCB1 and Thompson
 sampling explore every arm and then settle on the best one; bad settings are refused with a clear message."""
 import random
@@ -171,7 +171,7 @@ def test_bandit_reward_is_tokens_per_ms_of_each_round(pair, flash, monkeypatch):
     assert draft.bandit.rewards == pytest.approx(want)
     assert len(res.choices) == res.rounds
 
-# the profile's modes, built by lib/engines.py and run by lib/runs.py on smoke
+# the profile's modes, built by lib/models/build.py and run by lib/study/runs.py on smoke
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):

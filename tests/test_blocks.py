@@ -1,4 +1,4 @@
-# The cost block-length policy's acceptance estimate (lib/blocks.py CostK, issue 22 item 2).
+# The cost block-length policy's acceptance estimate (lib/engine/blocks.py CostK, issue 22 item 2).
 import random
 
 import pytest

@@ -1,4 +1,4 @@
-"""The Triton heads (lib/kernels.py) against torch references, on the CPU under Triton's interpreter.
+"""The Triton heads (lib/engine/kernels.py) against torch references, on the CPU under Triton's interpreter.
 
 Small-integer weights make every fp32 dot product exact, so any summation order gives the same scores
 and ties are common: the tie rules (smaller cluster id, smaller token id) are tested exactly.

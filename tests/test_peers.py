@@ -1,4 +1,4 @@
-"""Peers in the same harness (lib/peers.py): Hugging Face generate() greedy, static cache, assisted and
+"""Peers in the same harness (lib/study/peers.py): Hugging Face generate() greedy, static cache, assisted and
 prompt-lookup decoding on the smoke pair and on a tiny random Llama with an early-exit assistant, against
 this engine's greedy output; stop-token handling; the table and summary section; bad method names."""
 from contextlib import contextmanager

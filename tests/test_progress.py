@@ -1,5 +1,5 @@
 """What a person sees while `make reproduce` runs: lib/progress.py's events, notebooks/watch.py's lines (with a
-fake clock), and the closing summary (lib/headline.py)."""
+fake clock), and the closing summary (lib/report/headline.py)."""
 import io
 import json
 

@@ -1,4 +1,4 @@
-"""lib/quantize.py: AWQ int4 (GEMM layout) round-to-nearest quantiser and checkpoint writer, checked against
+"""lib/models/quantize.py: AWQ int4 (GEMM layout) round-to-nearest quantiser and checkpoint writer, checked against
 the independent packing of tests/fixtures_thesis.py and loaded back through the study's real path
 (checkpoints.load_model -> AwqConfig -> gptqmodel's torch_awq kernel on a CPU)."""
 import json

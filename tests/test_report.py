@@ -250,9 +250,9 @@ def test_fake_clock_times_the_baseline(pair, fake_time):
     assert res.decode_ms == pytest.approx(10.0 * (MAX_NEW - 1))
 
 
-# LIB BUG (lib/speculative.py prefill + lib/study.py record, read by lib/report.py aggregate):
+# LIB BUG (lib/engine/speculative.py prefill + lib/study/runs.py record, read by lib/report/tables.py aggregate):
 # the prefill's target call is timed on the same Clock as the decode calls ("call_target"), so
-# study.record's model_call_ms includes the prefill, which is in ttft_ms and outside decode_ms.
+# runs.record's model_call_ms includes the prefill, which is in ttft_ms and outside decode_ms.
 # aggregate's engine_overhead_frac = 1 - model_call_ms / decode_ms is then understated (negative
 # here). If all decode time is model calls, the overhead must be 0.
 def test_engine_overhead_is_zero_when_baseline_time_is_all_model_calls(pair, fake_time):
@@ -266,7 +266,7 @@ def test_engine_overhead_is_zero_when_baseline_time_is_all_model_calls(pair, fak
     assert agg.loc["baseline"].engine_overhead_frac == pytest.approx(0.0, abs=1e-9)
 
 
-# LIB BUG (same as above, plus lib/speculative.py generate_speculative): for speculative modes the
+# LIB BUG (same as above, plus lib/engine/speculative.py generate_speculative): for speculative modes the
 # prefill's target call is counted in model_call_ms although it lies outside decode_ms, and the
 # draft's prefill forward (inside decode_ms, span "initial") is not timed as a call_* span at all,
 # so engine_overhead_frac is off in both directions. Time passes only inside model calls here.

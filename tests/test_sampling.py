@@ -1,4 +1,4 @@
-"""Speculative sampling (lib/sampling.py): reproducibility, the greedy limit, the pieces, the study.
+"""Speculative sampling (lib/engine/sampling.py): reproducibility, the greedy limit, the pieces, the study.
 
 That its tokens are distributed as the target's own sampling, on every path of a round, and that the test
 has the power to see planted bugs, is tests/test_sampling_exactness.py.

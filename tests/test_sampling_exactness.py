@@ -1,4 +1,4 @@
-"""Speculative sampling (lib/sampling.py) is exact on every path of a round, and this test has the power to
+"""Speculative sampling (lib/engine/sampling.py) is exact on every path of a round, and this test has the power to
 see it fail: each of four planted bugs is detected with power >= 0.99 at a false-alarm rate below 1e-3.
 
 What is compared. For each case (draft, schedule, temperature, top-p), N generations (fixed seeds: the test
@@ -37,7 +37,7 @@ q^1.2 (power 0.73-0.995). The q^1.2 bug is not renormalised (q ** 1.2 in the acc
 q^1.2 / sum q^1.2 moves ~12 times less (lambda^ 0 at N = 800, 67 at N = 4000 with df 220): detecting it
 with power 0.99 would take ~10^4 generations a case, out of this test's budget.
 
-The pair, built for it (lib/synthetic.py): vocabulary 128, one layer each, a noisy draft (draft_noise 1.0: d1
+The pair, built for it (lib/models/synthetic.py): vocabulary 128, one layer each, a noisy draft (draft_noise 1.0: d1
 is accepted in ~0.3 of first rounds, d1 and d2 in ~0.13) and temperature 3, so q is spread and differs from
 p: a wrong acceptance rule or residual moves much probability. FlashHead probes 10 of its 16 clusters: drawn
 probe sets often differ from the top ones (so the wrong q shows) while q covers most of the vocabulary. The

@@ -240,7 +240,7 @@ def test_no_stop_token_runs_to_max_new(pair, heads, baselines):
     assert res.tokens == baselines[30].tokens and not res.stopped
 
 
-# adaptive block lengths (lib/blocks.py): the rounds change, the output does not
+# adaptive block lengths (lib/engine/blocks.py): the rounds change, the output does not
 
 COSTS = {"T_p": {n: 10.0 + n for n in range(1, 9)}, "T_q": 1.0}
 

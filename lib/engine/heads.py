@@ -1,7 +1,7 @@
 """Greedy LM heads: the dense head and FlashHead (cluster-first retrieval), both token-on-device.
 
 Kernel paths. kernel="triton" (the profile's bench.head_kernel, the default) on a CUDA weight runs the Triton
-kernels of lib/kernels.py for one hidden state, checked at construction against an fp32 selection on probe
+kernels of lib/engine/kernels.py for one hidden state, checked at construction against an fp32 selection on probe
 hidden states; a head that cannot have them (Triton not importable, a disagreement, an exception, too many
 special tokens) raises KernelUnavailable with one line naming the reason: there is no fallback. kernel="torch",
 and any head on a CPU, runs torch ops (on a CPU that is the path, not a fallback: head_kernel applies to CUDA
@@ -26,7 +26,7 @@ def cluster_to_token(assign: torch.Tensor, c: int) -> torch.Tensor:
 
 class DenseHead:
     """argmax over the full vocabulary: W (V,d). kernel "triton" on CUDA: one fused GEMV + argmax launch
-    for a single hidden state (lib/kernels.py; ties to the smallest id on fp32 logits), checked at construction
+    for a single hidden state (lib/engine/kernels.py; ties to the smallest id on fp32 logits), checked at construction
     against the fp32 argmax on probe hidden states (KernelUnavailable when it cannot run or disagrees)."""
 
     def __init__(self, weight: torch.Tensor, kernel: str = "torch"):

@@ -125,7 +125,7 @@ TARGET_KERNEL = "torch"
 
 def head_kernel(engine) -> str:
     """Which kernel path picks an engine's tokens: "triton" or "torch" (a bandit draft: its arms' path, or
-    "mixed (...)"), as the built heads report it (lib/heads.py: kernel_ran)."""
+    "mixed (...)"), as the built heads report it (lib/engine/heads.py: kernel_ran)."""
     if isinstance(engine, Target):
         return TARGET_KERNEL
     ran = getattr(engine, "kernel_ran", None)                               # a bandit draft: over its arms
@@ -143,7 +143,7 @@ def shared_dense(profile: Profile) -> str:
 
 
 def build_all_drafts(profile: Profile, which, clock=None, model=None) -> dict[str, Draft]:
-    """build_drafts, plus the adaptive drafts (lib/adaptive.py) made from the FlashHead draft's body and heads."""
+    """build_drafts, plus the adaptive drafts (lib/engine/adaptive.py) made from the FlashHead draft's body and heads."""
     adaptive = [w for w in which if w in ADAPTIVE_DRAFTS]
     plain = [w for w in which if w not in ADAPTIVE_DRAFTS]
     need = {FLASH, shared_dense(profile)} if adaptive else set()

@@ -137,7 +137,7 @@ def flash_checkpoint_dir(profile: Profile) -> Path:
         return resolve_model_dir(profile.models.flash_draft)
     if not (profile.flash_dir / "config.json").exists():
         raise FileNotFoundError(f"no FlashHead checkpoint at {profile.flash_dir}: run notebook 01 "
-                                "(or lib.study.ensure_flash_checkpoint)")
+                                "(or lib.models.flash_checkpoint.ensure_flash_checkpoint)")
     return profile.flash_dir
 
 

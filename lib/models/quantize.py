@@ -1,6 +1,6 @@
 """AWQ int4 checkpoints of a model in memory: round-to-nearest per-group quantisation, stored exactly as
 AutoAWQ (and Qwen/Qwen3-32B-AWQ) store it, so the target loads through the study's real path
-(lib.checkpoints.load_model -> transformers' AwqConfig -> gptqmodel kernels).
+(lib.models.checkpoints.load_model -> transformers' AwqConfig -> gptqmodel kernels).
 
 Format (quant_method awq, version gemm, 4 bits, group size 128, zero point), per decoder Linear of
 weight W (out, in), with q in 0..15 and W[o, i] ~= (q[i, o] - z[i // 128, o]) * s[i // 128, o]:

@@ -119,7 +119,7 @@ def logit_gaps(runner: Runner, W: torch.Tensor, prompt: list[int], shared: list[
 
 def peer_study(profile: Profile, target_model=None) -> dict:
     """Hugging Face generate() (greedy, static cache, assisted with the dense draft, prompt lookup) beside this
-    engine's baseline on the same prompts, device, token budget and stop tokens (lib/peers.py): peers.json."""
+    engine's baseline on the same prompts, device, token budget and stop tokens (lib/study/peers.py): peers.json."""
     from . import peers
     data = peers.run(profile, side_prompts(profile), stop_tokens(profile), target_model)
     save_json(profile, "peers.json", data)
@@ -128,7 +128,7 @@ def peer_study(profile: Profile, target_model=None) -> dict:
 
 def sampling_study(profile: Profile, target_model=None) -> dict:
     """Target-only sampling and speculative sampling with each draft and schedule of the profile, at each of
-    sampling.temperatures (lib/sampling_study.py); saves sampling.json and returns it."""
+    sampling.temperatures (lib/study/sampling.py); saves sampling.json and returns it."""
     from . import sampling as ss
     ensure_flash_checkpoint(profile)
     target, drafts = engines.build_engines(profile, target_model=target_model)
