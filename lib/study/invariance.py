@@ -20,20 +20,20 @@ from .common import device_info, side_prompts, stop_tokens
 SETTINGS = {"invariant": True, "variant": False}       # the label of each setting of decode.batch_invariant
 
 
-def targets(profile: Profile, target_model, clock) -> dict:
-    """One target engine per setting, on the same model."""
-    out = {}
+def targets(profile: Profile, target_model) -> dict:
+    """One target engine per setting, on the same model and one clock, their call lengths captured."""
+    out, clock = {}, None
     for label, on in SETTINGS.items():
         p = replace(profile, decode=replace(profile.decode, batch_invariant=on))
         out[label] = build.make_target(target_model, build.cache_len(p), build.acceleration(p, "target"), clock)
         out[label].runner.warm("greedy", range(1, profile.decode.k + 2))
+        clock = out[label].runner.clock
     return out
 
 
 def step_times(profile: Profile, engines: dict, prompt: list[int]) -> dict:
     """Single-token and verify(n) calls of both targets, interleaved after warm-up: {label: {n: stats}}."""
-    b, out = profile.bench, {}
-    fns = {}
+    b, out, fns = profile.bench, {}, {}
     for label, target in engines.items():
         runner = target.runner
         runner.prefill(torch.tensor([prompt], device=runner.device))
@@ -75,10 +75,8 @@ def invariance_study(profile: Profile, target_model=None) -> dict:
     """Both settings side by side (see the module's doc); saves invariance.json and returns it."""
     ensure_flash_checkpoint(profile)
     target_model = target_model if target_model is not None else checkpoints.load_target(profile)
-    engines = targets(profile, target_model, None)
+    engines = targets(profile, target_model)
     clock = engines["invariant"].runner.clock
-    for target in engines.values():
-        target.runner.clock = clock
     drafts = build.build_all_drafts(profile, [m for m, _ in greedy_modes(profile)], clock, target_model)
     prompt = side_prompts(profile)[0][1]
     data = {"device": device_info(profile), "rows": engines["invariant"].runner.rows,
