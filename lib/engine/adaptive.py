@@ -140,9 +140,6 @@ class Thompson(UCB1):
         self.sq[arm] += reward * reward
 
 
-BANDITS = {"bandit_ucb": UCB1, "bandit_thompson": Thompson}
-
-
 @dataclass
 class AdaptiveProbeDraft(Draft):
     """A draft whose head is an AdaptiveFlashHead: each generation records its steps per probe count

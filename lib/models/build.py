@@ -2,7 +2,6 @@
 CUDA-graph and compile policy decided here and nowhere else, and one clock shared by all of them."""
 from __future__ import annotations
 
-
 import torch
 
 from . import checkpoints, flash_checkpoint
@@ -10,8 +9,8 @@ from ..bench import Clock
 from ..config import Profile
 from ..engine.adaptive import AdaptiveFlashHead, AdaptiveProbeDraft, BanditDraft, Thompson, UCB1
 from ..engine.heads import DenseHead, GraphedHead
-from ..modes import (ADAPTIVE_DRAFTS, BANDIT_UCB, BASELINE, DENSE, DENSE_SHARED, FIXED, FLASH, FLASH_FULL,
-                     probes_arm)
+from ..modes import (ADAPTIVE_DRAFTS, BANDIT_UCB, BASELINE, DENSE, DENSE_SHARED, FIXED, FLASH, FLASH_ADAPTIVE,
+                     FLASH_FULL, probes_arm)
 from ..engine.runner import Acceleration, Runner
 from ..engine.speculative import Draft, Target
 
@@ -62,7 +61,7 @@ def build_drafts(profile: Profile, which, clock=None, model=None) -> dict[str, D
     out = {}
     if DENSE in which:
         m = checkpoints.load_draft(profile)
-        out["dense"] = make_draft(m, DenseHead(m.get_output_embeddings().weight, kernel), n, accel, clock)
+        out[DENSE] = make_draft(m, DenseHead(m.get_output_embeddings().weight, kernel), n, accel, clock)
     if {FLASH, DENSE_SHARED} & set(which):
         m, fh = flash_checkpoint.load_flash_draft(profile)
         runner = draft_runner(m, n, accel, clock)                            # one body for both heads
@@ -93,7 +92,7 @@ def gguf_drafts(profile: Profile, which, accel: Acceleration, n: int, clock=None
             if name in which:
                 out[name] = Draft(runner, GraphedHead(head, accel.graphs, runner.clock))
     if FLASH_FULL in which:
-        out["flash_full"] = make_draft(model, fh, n, accel, clock)
+        out[FLASH_FULL] = make_draft(model, fh, n, accel, clock)
     return out
 
 
@@ -149,7 +148,7 @@ def build_all_drafts(profile: Profile, which, clock=None, model=None) -> dict[st
     need = {FLASH, shared_dense(profile)} if adaptive else set()
     base = build_drafts(profile, set(plain) | need, clock, model)
     return {**{w: base[w] for w in plain},
-            **{w: adaptive_draft(profile, w, base["flash"], base[shared_dense(profile)]) for w in adaptive}}
+            **{w: adaptive_draft(profile, w, base[FLASH], base[shared_dense(profile)]) for w in adaptive}}
 
 
 def bandit_probes(profile: Profile, n_probes: int, n_clusters: int) -> list[int]:
@@ -163,7 +162,7 @@ def adaptive_draft(profile: Profile, name: str, flash: Draft, dense: Draft) -> D
     the dense head (decode.bandit.dense_arm) and FlashHead at bandit_probes, named dense and flash_p<probes>."""
     graphed = lambda head: GraphedHead(head, acceleration(profile, "draft").graphs, flash.runner.clock)
     fh = flash.head.head
-    if name == "flash_adaptive":
+    if name == FLASH_ADAPTIVE:
         a = profile.clustering.adaptive
         head = AdaptiveFlashHead(fh, a.threshold, a.p_min, a.p_max or fh.n_probes, a.temperature)
         return AdaptiveProbeDraft(flash.runner, graphed(head))
@@ -171,6 +170,6 @@ def adaptive_draft(profile: Profile, name: str, flash: Draft, dense: Draft) -> D
     arms = {probes_arm(p): flash.head if p == fh.n_probes else graphed(fh.with_probes(p))
             for p in bandit_probes(profile, fh.n_probes, fh.n_clusters)}
     if b.dense_arm:
-        arms["dense"] = dense.head
+        arms[DENSE] = dense.head
     bandit = UCB1(list(arms), b.ucb_c) if name == BANDIT_UCB else Thompson(list(arms), profile.seed)
     return BanditDraft(flash.runner, flash.head, arms, bandit)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
 
 from .. import bench, modes
 from ..config import Profile
@@ -16,6 +15,7 @@ from ..models.flash_checkpoint import ensure_flash_checkpoint
 from ..progress import steps
 from ..results import save_json
 from .common import device_info, side_prompts, stop_tokens
+from .microbench import target_calls, time_target_calls
 
 SETTINGS = {"invariant": True, "variant": False}       # the label of each setting of decode.batch_invariant
 
@@ -33,15 +33,11 @@ def targets(profile: Profile, target_model) -> dict:
 
 def step_times(profile: Profile, engines: dict, prompt: list[int]) -> dict:
     """Single-token and verify(n) calls of both targets, interleaved after warm-up: {label: {n: stats}}."""
-    b, out, fns = profile.bench, {}, {}
+    fns, out = {}, {}
     for label, target in engines.items():
-        runner = target.runner
-        runner.prefill(torch.tensor([prompt], device=runner.device))
-        for n in b.verify_lengths:
-            ids = torch.tensor([prompt[-n:]], device=runner.device)
-            fns[f"{label}:{n}"] = lambda r=runner, ids=ids: r.greedy(ids, len(prompt))
-    dev = next(iter(engines.values())).runner.device
-    raw = bench.interleaved(fns, max(2, b.warmup // 4), max(10, b.iters // 10), dev)
+        calls = target_calls(target.runner, prompt, profile.bench.verify_lengths)
+        fns.update({f"{label}:{n}": fn for n, fn in calls.items()})
+    raw = time_target_calls(profile, fns, next(iter(engines.values())).runner.device)
     for key, ms in raw.items():
         label, n = key.split(":")
         out.setdefault(label, {})[n] = bench.stats(ms)
@@ -54,12 +50,13 @@ def greedy_modes(profile: Profile) -> list[tuple[str, str]]:
             if d != modes.BASELINE and d not in modes.ADAPTIVE_DRAFTS]
 
 
-def exactness(profile: Profile, engines: dict, drafts: dict) -> list[dict]:
-    """Per setting and mode: samples, exact match with that target's greedy output, proposed and accepted."""
+def exactness(profile: Profile, engines: dict, drafts: dict, enc: list) -> list[dict]:
+    """Per setting and mode over the encoded prompts `enc`: samples, exact match with that target's greedy
+    output, acceptance."""
     d, stop, rows = profile.decode, stop_tokens(profile), []
     for label, target in engines.items():
         counts = {}
-        for _, ids in steps(side_prompts(profile), f"invariance ({label})", "prompts"):
+        for _, ids in steps(enc, f"invariance ({label})", "prompts"):
             greedy = generate_baseline(target, Request(ids, d.max_new_tokens, stop=stop)).tokens
             for draft, schedule in greedy_modes(profile):
                 res = generate_speculative(target, drafts[draft], Request(ids, d.max_new_tokens, schedule, d.k, stop))
@@ -78,8 +75,8 @@ def invariance_study(profile: Profile, target_model=None) -> dict:
     engines = targets(profile, target_model)
     clock = engines["invariant"].runner.clock
     drafts = build.build_all_drafts(profile, [m for m, _ in greedy_modes(profile)], clock, target_model)
-    prompt = side_prompts(profile)[0][1]
+    enc = side_prompts(profile)
     data = {"device": device_info(profile), "rows": engines["invariant"].runner.rows,
-            "step_ms": step_times(profile, engines, prompt), "modes": exactness(profile, engines, drafts)}
+            "step_ms": step_times(profile, engines, enc[0][1]), "modes": exactness(profile, engines, drafts, enc)}
     save_json(profile, "invariance.json", data)
     return data

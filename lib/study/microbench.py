@@ -95,18 +95,28 @@ def interleaved_stats(fns: dict, b, dev) -> dict:
     return out
 
 
+def target_calls(runner, prompt: list[int], lengths) -> dict:
+    """The target's call of each length n after `prompt` (prefilled here): {str(n): fn}, each feeding the
+    prompt's last n tokens at the prompt's end (a single-token step for n = 1, a verify call otherwise)."""
+    runner.prefill(torch.tensor([prompt], device=runner.device))
+    ids = {n: torch.tensor([prompt[-n:]], device=runner.device) for n in lengths}
+    return {str(n): (lambda n=n: runner.greedy(ids[n], len(prompt))) for n in lengths}
+
+
+def time_target_calls(profile: Profile, fns: dict, dev) -> dict[str, list[float]]:
+    """The calls interleaved after a short warm-up, fewer than a draft step gets (a target call costs tens of
+    them): a tenth of bench.iters (at least 10) after a quarter of bench.warmup (at least 2)."""
+    b = profile.bench
+    return bench.interleaved(fns, max(2, b.warmup // 4), max(10, b.iters // 10), dev)
+
+
 def target_step_bench(profile: Profile, target_model=None) -> dict:
     """Target latency: one single-token step, and verify calls of each block length (graph replays)."""
     b = profile.bench
     runner = engines.build_target(profile, target_model).runner
     dev = runner.device
     prompt = encoded_prompts(profile)[0][1]
-    runner.prefill(torch.tensor([prompt], device=dev))
-    pos = len(prompt)
-    ids = {n: torch.tensor([prompt[-n:]], device=dev) for n in b.verify_lengths}
-    fns = {str(n): (lambda n=n: runner.greedy(ids[n], pos)) for n in b.verify_lengths}
-    iters = max(10, b.iters // 10)
-    raw = bench.interleaved(fns, max(2, b.warmup // 4), iters, dev)
+    raw = time_target_calls(profile, target_calls(runner, prompt, b.verify_lengths), dev)
     verify = {n: bench.stats(ms) for n, ms in raw.items()}
     quant = getattr(runner.model.config, "quantization_config", None)
     key = "awq_ms" if quant else {"bfloat16": "bf16_ms", "float16": "fp16_ms", "float32": "fp32_ms"}[profile.dtype]
@@ -117,7 +127,7 @@ def target_step_bench(profile: Profile, target_model=None) -> dict:
     save_json(profile, "target_step.json", result)
     if dev.type == "cuda":                                                   # where a single-token step goes
         x = torch.tensor([prompt[-1:]], device=dev)
-        update_json(profile, "step_breakdown.json", {"target": bench.breakdown(lambda: runner.greedy(x, pos), dev)})
+        update_json(profile, "step_breakdown.json", {"target": bench.breakdown(lambda: runner.greedy(x, len(prompt)), dev)})
     return result
 
 
