@@ -143,6 +143,9 @@ def device_name(device) -> str:
 # and residual adds: "_mm_" in the name) before plain GEMMs (cuBLAS on Hopper names its GEMMs nvjet_*); other
 # compiled kernels before attention, since inductor names the fusions around attention after the ops they hold.
 KERNEL_KINDS = (("LM head (Triton)", ("_flash_probes", "_flash_tokens", "_dense_argmax")),
+                ("fused decode GEMV (Triton)", ("_decode_gemv",)),
+                ("fused decode attention (Triton)", ("_decode_attention",)),
+                ("fused decode norm (Triton)", ("_decode_norm",)),
                 ("GEMV fused with norms and elementwise ops (compiled)", ("_mm_",)),
                 ("GEMV/GEMM", ("gemv", "gemm", "nvjet", "xmma", "cutlass", "marlin", "splitk", "cublas", "addmm", "aten::mm")),
                 ("fused elementwise and norms (compiled)", ("triton",)),

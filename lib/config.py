@@ -113,6 +113,9 @@ class Decode:
     # the target's calls batch-invariant (lib/engine/runner.py: Acceleration.rows): a verify call's logits bitwise
     # those of single-token calls, so speculative output equals greedy output in bf16 too; unset: on for CUDA
     batch_invariant: bool | None = None
+    # the draft's single-token steps through the fused Triton kernels (lib/engine/decode.py), checked against the
+    # reference path when built; unset: on for CUDA
+    fused_draft: bool | None = None
     bandit: Bandit = field(default_factory=Bandit)
 
 

@@ -20,12 +20,16 @@ COSTED = (modes.DENSE, modes.DENSE_SHARED, modes.FLASH)   # drafts whose step no
 
 def call_costs(micro: dict, target_step: dict, draft: str = modes.FLASH) -> dict:
     """Per-call costs (ms) measured in notebooks 02-03: T_p(n) target call with n tokens, T_q draft step
-    (the FlashHead model's step for FlashHead drafts, the dense model's otherwise). Lengths between the
-    measured ones (a profile may time only some) are interpolated linearly."""
+    (the FlashHead model's step for FlashHead drafts, the dense model's otherwise): per token of a round's
+    proposal block where notebook 02 timed one (GPU profiles: the engine proposes a block in one graph
+    replay), else the single step. Lengths between the measured ones (a profile may time only some) are
+    interpolated linearly."""
     measured = sorted((int(n), v) for n, v in target_step["verify_ms"].items())
     n, ms = zip(*measured)
-    return {"T_p": {i: float(np.interp(i, n, ms)) for i in range(1, n[-1] + 1)},
-            "T_q": micro["model_step"]["flash" if draft == modes.FLASH else "dense"]["mean_ms"]}
+    name = "flash" if draft == modes.FLASH else "dense"
+    block = micro.get("block", {})
+    t_q = block[name]["mean_ms"] / block["k"] if name in block else micro["model_step"][name]["mean_ms"]
+    return {"T_p": {i: float(np.interp(i, n, ms)) for i in range(1, n[-1] + 1)}, "T_q": t_q}
 
 
 def tpot_ms(costs: dict, k: int, emitted: float, schedule: str, skip: float = 0.0) -> float:
@@ -111,7 +115,7 @@ def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
                      "verify": r.verify_ms / n, "model verify": (1 - skip) * verify,
                      "finalize": r.finalize_ms / n, "model finalize": 0.0 if r.schedule == DEFERRED else c["T_p"][1],
                      "initial": r.initial_ms / n, "untimed": (r.decode_total_ms - spans) / n,
-                     "draft ms/token": (r.draft_body_ms + r.draft_head_ms) / (r.mean_block * n), "T_q": c["T_q"],
+                     "draft ms/token": (r.draft_body_ms + r.draft_head_ms + r.get("draft_block_ms", 0.0)) / (r.mean_block * n), "T_q": c["T_q"],
                      "target ms/call": r.target_call_ms / target_calls,
                      "model target ms/call": (r.verify_calls * verify + r.append_calls * c["T_p"][1]) / target_calls})
     return pd.DataFrame(rows).set_index("mode")

@@ -284,3 +284,23 @@ def test_unknown_policy_and_missing_costs_are_refused():
         make_policy("random", 4, 7, "ordinary")
     with pytest.raises(ValueError, match="needs measured call costs"):
         make_policy("cost", 4, 7, "ordinary")
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_a_chained_block_proposes_what_step_by_step_calls_propose(pair, heads, m):
+    """Runner.chain (one CUDA graph a round on a GPU; call by call here) feeds m tokens, then each pick in turn."""
+    for name in ("dense", "flash_2"):
+        a, b = draft_of(pair[1], heads[name], DRAFT_D), draft_of(pair[1], heads[name], DRAFT_D)
+        prompt = prompt_of(7)
+        for d in (a, b):
+            d.runner.prefill(torch.tensor([prompt]))
+        ids = torch.tensor([prompt[-m:]])
+        got = a.runner.chain(a.head.head, ids, 7 - m, 5)
+        x, pos, want = ids, 7 - m, []
+        for _ in range(5):
+            want.append(b.head.head(b.runner.forward(x, pos)[:, -1]))
+            pos, x = pos + x.shape[1], want[-1].view(1, 1)
+        assert got.tolist() == torch.cat(want).tolist(), name
+        torch.testing.assert_close(a.runner.cache.k, b.runner.cache.k)
+    with pytest.raises(ValueError, match="cannot hold"):
+        a.runner.chain(a.head.head, ids, MAX_LEN - 2, 5)

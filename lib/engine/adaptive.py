@@ -22,6 +22,7 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -143,7 +144,8 @@ class Thompson(UCB1):
 @dataclass
 class AdaptiveProbeDraft(Draft):
     """A draft whose head is an AdaptiveFlashHead: each generation records its steps per probe count
-    (Result.probe_counts)."""
+    (Result.probe_counts), so it proposes step by step."""
+    blocks: ClassVar[bool] = False
 
     def begin_generation(self) -> None:
         self.head.head.reset()
@@ -167,6 +169,10 @@ class BanditDraft(Draft):
         self.runner.clock = clock
         for h in self.arms.values():
             h.clock = clock
+
+    def warm(self, k_max: int) -> None:
+        for h in self.arms.values():                                         # every arm's proposal blocks
+            Draft(self.runner, h).warm(k_max)
 
     @property
     def kernel_ran(self) -> str:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -45,9 +46,19 @@ from .runner import Runner
 @dataclass
 class Draft:
     """A draft model: its runner and its greedy head (dense or FlashHead), graph-captured on CUDA.
-    The hooks the round loop calls do nothing here; adaptive drafts choose and record in them."""
+    The hooks the round loop calls do nothing here; adaptive drafts choose and record in them.
+    blocks: with CUDA graphs a round's greedy proposals are one graph replay (Runner.chain), not one per step;
+    drafts that choose something per step or round (adaptive) propose step by step."""
     runner: Runner
     head: GraphedHead
+    blocks: ClassVar[bool] = True
+
+    def warm(self, k_max: int) -> None:
+        """Capture every proposal block a round can run: a catch-up of 1 or 2 tokens, 1..k_max proposals."""
+        if self.blocks and self.runner.graphs:
+            for m in (1, 2):
+                for kk in range(1, k_max + 1):
+                    self.runner.warm_chain(self.head.head, m, kk)
 
     def use_clock(self, clock) -> None:
         """Record this draft's calls on `clock` (the target's: one clock per generation)."""
@@ -201,6 +212,16 @@ def propose(draft: Draft, s: Sequence, kk: int, pick) -> tuple[torch.Tensor, lis
         x = tok.view(1, 1)
     s.d_pos = n + kk - 1
     return to_device(torch.cat(toks), draft, s.buf.device), extras
+
+
+def propose_block(draft: Draft, s: Sequence, kk: int) -> torch.Tensor:
+    """Greedy proposals as propose makes them (the draft's head picks each), in one graph replay (Runner.chain)."""
+    n = len(s.seq)
+    if kk == 0:
+        return s.buf[n:n]
+    toks = draft.runner.chain(draft.head.head, to_device(s.buf[None, s.d_pos:n], draft), s.d_pos, kk)
+    s.d_pos = n + kk - 1
+    return to_device(toks.clone(), draft, s.buf.device)
 
 
 def accept(s: Sequence, props: torch.Tensor, accepted: list[int], final: int, final_dev: torch.Tensor,

@@ -33,13 +33,16 @@ class KVCache:
 
 @dataclass(frozen=True)
 class Acceleration:
-    """What a runner's calls are built with: CUDA graphs (ignored on a CPU), torch.compile of the layer, and
-    batch-invariant rows. rows > 0: every call of at most `rows` tokens runs padded to exactly `rows` rows, so
-    every kernel (matmuls, attention, norms, the head) sees one shape and reduces each row in one order whatever
-    the number of real rows: a verify call's logits are bitwise those of single-token calls at its positions."""
+    """What a runner's calls are built with: CUDA graphs (ignored on a CPU), torch.compile of the layer,
+    batch-invariant rows, and the fused single-token step. rows > 0: every call of at most `rows` tokens runs
+    padded to exactly `rows` rows, so every kernel (matmuls, attention, norms, the head) sees one shape and reduces
+    each row in one order whatever the number of real rows: a verify call's logits are bitwise those of
+    single-token calls at its positions. fused: single-token calls run lib/engine/decode.py's kernels where they
+    can and pass the check against this module's reference path (Runner.decode_path says which path runs)."""
     graphs: bool = False
     compile: bool = False
     rows: int = 0
+    fused: bool = False
 
 
 class Runner:
@@ -77,9 +80,13 @@ class Runner:
         self._layer = (torch.compile(layer_forward, fullgraph=whole, dynamic=False, options=COMPILE_OPTIONS)
                        if accel.compile else None)
         self.role, self.clock = role, clock
+        self.decode = None                                                                  # the reference path first
+        self.decode, self.decode_path = fused_decode(self) if accel.fused else (None, "reference")
 
     def _forward(self, ids: torch.Tensor, start: torch.Tensor, compiled: bool = True) -> torch.Tensor:
         n = ids.shape[1]
+        if n == 1 and self.decode is not None:
+            return self.decode(ids, start)                                                  # the fused step
         pos = start + self.arange[:n]                                                       # (n,)
         mask = self.arange[None, :] <= pos[:, None]                                         # (n,max_len) causal
         x = self.body.embed_tokens(ids)
@@ -147,15 +154,68 @@ class Runner:
                     self._graphs.get((kind, n)) or self._capture(kind, n)
 
     def _capture(self, kind: str, n: int) -> dict:
-        """Capture the call of length n. Capturing runs it at position 0: the cache positions it writes are put
-        back, so a graph first captured in the middle of a generation leaves that generation's cache as it was."""
-        ids = torch.zeros(1, n, dtype=torch.long, device=self.device)
-        start = torch.zeros((), dtype=torch.long, device=self.device)
+        """Capture the call of length n."""
+        ids, start = self._static(n)
+        return self._keep((kind, n), lambda: self._step(kind, ids, start), ids, start, n)
+
+    def chain(self, pick, ids: torch.Tensor, start: int, kk: int) -> torch.Tensor:
+        """kk tokens from one CUDA-graph replay (graphs on CUDA; else call by call): ids (1,m) fed at `start`, then
+        each token that pick (hidden state (1,d) -> token (1,)) chooses fed in turn (the last one is not fed)."""
+        m = ids.shape[1]
+        if start + m + kk - 1 > self.max_len:
+            raise ValueError(f"KV cache of {self.max_len} positions cannot hold {start + m + kk - 1}")
+        if not self.graphs:
+            return self._chain(pick, ids, torch.tensor(start, device=self.device), kk)
+        with self.clock.span(f"call_{self.role}_block", self.device), on(self.device):
+            g = self._graphs.get(("chain", id(pick), m, kk)) or self.warm_chain(pick, m, kk)
+            g["ids"].copy_(ids)
+            g["start"].fill_(start)
+            g["graph"].replay()
+        return g["out"]
+
+    def warm_chain(self, pick, m: int, kk: int) -> dict:
+        """Capture the chain of m fed tokens and kk picks for `pick` (kept with its graph, so its id stays its own)."""
+        ids, start = self._static(m)
+        with on(self.device):
+            g = self._keep(("chain", id(pick), m, kk), lambda: self._chain(pick, ids, start, kk), ids, start, m + kk)
+        g["pick"] = pick
+        return g
+
+    def _chain(self, pick, ids: torch.Tensor, start: torch.Tensor, kk: int) -> torch.Tensor:
+        m = ids.shape[1]
+        starts = start + torch.cat([self.arange[:1], self.arange[m:m + kk - 1]])             # where each call feeds
+        x, toks = ids, []
+        for i in range(kk):
+            toks.append(pick(self._forward(x, starts[i])[:, -1]).view(1))
+            x = toks[-1].view(1, 1)
+        return torch.cat(toks)
+
+    def _static(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.zeros(1, n, dtype=torch.long, device=self.device),
+                torch.zeros((), dtype=torch.long, device=self.device))
+
+    def _keep(self, key, fn, ids: torch.Tensor, start: torch.Tensor, n: int) -> dict:
+        """Capture fn (graph inputs ids, start) as self._graphs[key]. Capturing runs it at position 0, writing up to
+        n positions: they are put back, so a graph first captured in the middle of a generation leaves that
+        generation's cache as it was."""
         kept = self.cache.k[..., :n, :].clone(), self.cache.v[..., :n, :].clone()
-        graph, out = capture(lambda: self._step(kind, ids, start))
+        graph, out = capture(fn)
         self.cache.k[..., :n, :], self.cache.v[..., :n, :] = kept                           # after the warm-up runs
-        self._graphs[(kind, n)] = dict(graph=graph, ids=ids, start=start, out=out)
-        return self._graphs[(kind, n)]
+        self._graphs[key] = dict(graph=graph, ids=ids, start=start, out=out)
+        return self._graphs[key]
+
+
+def fused_decode(runner: Runner) -> tuple:
+    """(lib/engine/decode.py's FusedDecode for this runner, "fused"), or (None, "reference (why not)") where it
+    cannot run or fails its check against the reference path."""
+    try:
+        from . import decode
+    except ImportError as e:                                                                # no Triton
+        return None, f"reference ({e})"
+    why = decode.supported(runner)
+    step = None if why else decode.FusedDecode(runner)
+    why = why or decode.check(runner, step)
+    return (None, f"reference ({why})") if why else (step, "fused")
 
 
 def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple) -> torch.Tensor:

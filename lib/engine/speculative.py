@@ -16,7 +16,7 @@ import torch
 
 from ..bench import sync
 from .request import Request
-from .rounds import Draft, Result, Rounds, Sequence, Target, propose
+from .rounds import Draft, Result, Rounds, Sequence, Target, propose, propose_block
 from .sampling import Sampling
 
 __all__ = ["Draft", "Greedy", "Request", "Result", "Target", "accepted_prefix", "generate_baseline",
@@ -44,7 +44,9 @@ class Greedy:
         return pending
 
     def propose(self, draft: Draft, s: Sequence, kk: int):
-        """kk argmax proposals (kk,); nothing else is needed to judge them."""
+        """kk argmax proposals (kk,); nothing else is needed to judge them. One graph replay where the draft can."""
+        if draft.blocks and draft.runner.graphs:
+            return propose_block(draft, s, kk), None
         return propose(draft, s, kk, lambda h: (draft.head(h).clone(), None))[0], None
 
     def verify(self, target: Target, props: torch.Tensor, q, pending, s: Sequence, kk: int):

@@ -17,13 +17,16 @@ from ..engine.speculative import Draft, Target
 
 def acceleration(profile: Profile, role: str) -> Acceleration:
     """The profile's policy for role 'draft' or 'target': compile only on CUDA devices; the target's calls
-    batch-invariant where decode.batch_invariant says (unset: on CUDA), at k_max + 1 rows (the longest verify)."""
+    batch-invariant where decode.batch_invariant says (unset: on CUDA), at k_max + 1 rows (the longest verify);
+    the draft's single-token steps fused (lib/engine/decode.py) where decode.fused_draft says (unset: on CUDA)."""
     cuda = torch.device(getattr(profile, f"{role}_device")).type == "cuda"
     compile = cuda and getattr(profile.bench, f"compile_{role}")
     invariant = profile.decode.batch_invariant
     invariant = cuda if invariant is None else invariant
     rows = profile.decode.k_max + 1 if role == "target" and invariant else 0
-    return Acceleration(profile.bench.cuda_graphs, compile, rows)
+    fused = profile.decode.fused_draft
+    fused = role == "draft" and (cuda if fused is None else fused)
+    return Acceleration(profile.bench.cuda_graphs, compile, rows, fused)
 
 
 def cache_len(profile: Profile) -> int:
@@ -114,6 +117,8 @@ def build_engines(profile: Profile, which=None, target_model=None, adaptive_k: b
     target.runner.warm("hidden", range(1, longest + 1))                  # speculative sampling's target calls
     for runner in {id(d.runner): d.runner for d in drafts.values()}.values():
         runner.warm("hidden", range(1, longest + 1))
+    for d in drafts.values():
+        d.warm(longest - 1)                                                  # one graph per round's proposals
     return target, drafts
 
 

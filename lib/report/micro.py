@@ -14,12 +14,36 @@ def floor_table(micro: dict) -> pd.DataFrame:
             "FlashHead (profile path)": (micro["head"]["flash"], f["flash_head_ms"]),
             "dense draft step": (micro["model_step"]["dense"], f["dense_step_ms"]),
             "Flash draft step": (micro["model_step"]["flash"], f["flash_step_ms"])}
+    if "dense_reference" in micro["model_step"]:
+        rows.update({"dense draft step, reference path": (micro["model_step"]["dense_reference"], f["dense_step_ms"]),
+                     "Flash draft step, reference path": (micro["model_step"]["flash_reference"], f["flash_step_ms"])})
     rows.update({f"dense head, {k}": (v, f["dense_head_ms"]) for k, v in micro["dense_paths"].items()})
     by_probes = f["flash_head_ms_by_probes"]
     rows.update({f"FlashHead p={r['n_probes']}, {r['kernel']}": (r, by_probes[str(r["n_probes"])])
                  for r in micro["probe_sweep"] if str(r["n_probes"]) in by_probes})
     return pd.DataFrame({k: {"mean ms": s["mean_ms"], "p50 ms": s["p50_ms"], "p95 ms": s["p95_ms"], "floor ms": fl,
-                             "mean / floor": s["mean_ms"] / fl} for k, (s, fl) in rows.items()}).T
+                             "mean / floor": s["mean_ms"] / fl, "% of bandwidth": 100 * fl / s["mean_ms"]}
+                         for k, (s, fl) in rows.items()}).T
+
+
+def draft_step_table(micro: dict) -> pd.DataFrame:
+    """Per draft head (GPU profiles): the step on the fused path and on the reference path, its floor and share of
+    the bandwidth, the head's time and share of the step, and a round's proposal block (one graph replay) per token
+    beside k single steps per token; with the FlashHead-over-dense step speedup on each path."""
+    step, f, heads, blk = micro["model_step"], micro["floors"], micro["head"], micro.get("block", {})
+    out = {}
+    for name, label in (("dense", "dense"), ("flash", "FlashHead")):
+        fl = f[f"{name}_step_ms"]
+        ms = step[name]["mean_ms"]
+        out[label] = {"step ms (fused)": ms, "step ms (reference)": step[f"{name}_reference"]["mean_ms"],
+                      "floor ms": fl, "% of bandwidth": 100 * fl / ms, "head ms": heads[name]["mean_ms"],
+                      "head share of step": heads[name]["mean_ms"] / ms}
+        if name in blk:
+            out[label].update({"block ms per token": blk[name]["mean_ms"] / blk["k"],
+                               "k steps ms per token": blk[f"{name}_steps"]["mean_ms"] / blk["k"]})
+    tab = pd.DataFrame(out).T
+    tab.loc["dense / FlashHead"] = tab.loc["dense"] / tab.loc["FlashHead"]
+    return tab
 
 
 def breakdown_table(breakdown: dict) -> pd.DataFrame:

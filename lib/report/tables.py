@@ -20,7 +20,7 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
         df["k_policy"] = modes.FIXED
         df["block_lengths"] = [[] for _ in range(len(df))]
     for phase in ("initial", "draft", "verify", "finalize", "transfer", "call_draft_body", "call_draft_head",
-                  "call_target"):
+                  "call_draft_block", "call_target"):
         df[phase + "_ms"] = [s.get(phase, 0.0) for s in df["spans_ms"]]
     return df
 
@@ -57,7 +57,7 @@ def aggregate(df: pd.DataFrame, kernels: dict | None = None) -> pd.DataFrame:
     parts = g[["draft", "schedule", "k_policy"]].first()
     s = g[["decode_tokens", "decode_ms", "accepted", "proposed", "rounds", "verify_calls", "append_calls", "skipped",
            "initial_ms", "draft_ms", "verify_ms", "finalize_ms", "call_draft_body_ms", "call_draft_head_ms",
-           "call_target_ms", "model_call_ms", "transfer_ms"]].sum()
+           "call_draft_block_ms", "call_target_ms", "model_call_ms", "transfer_ms"]].sum()
     blocks = g.block_lengths.agg(lambda b: sum(map(sum, b)) / max(sum(map(len, b)), 1))
     out = pd.DataFrame({
         "mean_block": blocks,
@@ -71,7 +71,8 @@ def aggregate(df: pd.DataFrame, kernels: dict | None = None) -> pd.DataFrame:
         "rounds": s.rounds, "verify_calls": s.verify_calls, "append_calls": s.append_calls, "skipped": s.skipped,
         "ms_per_round": (s.decode_ms / s.rounds).where(s.rounds > 0),
         "initial_ms": s.initial_ms, "draft_ms": s.draft_ms, "verify_ms": s.verify_ms, "finalize_ms": s.finalize_ms,
-        "draft_body_ms": s.call_draft_body_ms, "draft_head_ms": s.call_draft_head_ms, "transfer_ms": s.transfer_ms,
+        "draft_body_ms": s.call_draft_body_ms, "draft_head_ms": s.call_draft_head_ms,
+        "draft_block_ms": s.call_draft_block_ms, "transfer_ms": s.transfer_ms,
         "exact_match_rate": g.exact_match.mean(),
         "model_call_ms": s.model_call_ms, "target_call_ms": s.call_target_ms,
         "engine_overhead_frac": (1 - s.model_call_ms / s.decode_ms).clip(lower=0),

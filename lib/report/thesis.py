@@ -138,6 +138,9 @@ def diagnosis(agg: pd.DataFrame, theirs: dict, src: str) -> pd.DataFrame:
         return pd.DataFrame()
     f = agg.loc[flash]
     proposal = f.draft_ms
+    if f.get("draft_block_ms", 0) > 0:                                       # one graph a round: body and head together
+        f = f.copy()
+        f["draft_body_ms"] = f["draft_head_ms"] = float("nan")
     ours = {"outside_proposal_share": 1 - f.draft_share, "head_share_of_decode": f.draft_head_ms / f.decode_total_ms,
             "body_share_of_proposal": f.draft_body_ms / proposal, "head_share_of_proposal": f.draft_head_ms / proposal,
             "acceptance": f.acceptance, "mean_emitted": f.mean_emitted}

@@ -3,6 +3,8 @@ step's time goes, the early-exit depth of one-checkpoint profiles, and the targe
 calls (notebook 03 measures those)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .. import bench, modes
@@ -16,53 +18,75 @@ from .common import encoded_prompts, stop_tokens
 
 # What notebook 02 shows, reached through its one import of this module.
 from ..report.figures import exit_depth_plot, probe_sweep_plot  # noqa: F401
-from ..report.micro import breakdown_table, floor_table  # noqa: F401
+from ..report.micro import breakdown_table, draft_step_table, floor_table  # noqa: F401
 from ..report.thesis import micro_tables  # noqa: F401
 from .common import setup  # noqa: F401
 
 
 def head_and_step_bench(profile: Profile) -> dict:
     """Thesis 4.1-4.4: single-step head latency (same hidden state) and complete draft decode step,
-    dense vs FlashHead, plus head latency against the probe count. Alternating order, warm-up first."""
+    dense vs FlashHead, plus head latency against the probe count. Alternating order, warm-up first.
+    On a GPU also: the same steps through the reference path (the fused kernels off), a round's whole
+    proposal block as one graph replay, and which decode path each draft ran."""
     b = profile.bench
     ensure_flash_checkpoint(profile)
-    drafts = engines.build_drafts(profile, (modes.DENSE, modes.FLASH))
+    drafts, x, pos = step_drafts(profile)
     dense, flash = drafts[modes.DENSE], drafts[modes.FLASH]
     dev = dense.runner.device
-    prompt = encoded_prompts(profile)[0][1]
-    for d in (dense, flash):
-        d.runner.prefill(torch.tensor([prompt], device=dev))
-    pos = len(prompt)
-    x = torch.tensor([[prompt[-1]]], device=dev)
     h = flash.runner.forward(x, pos)[:, -1].clone()                                # the same hidden state
     heads = interleaved_stats({"dense": lambda: dense.head(h), "flash": lambda: flash.head(h)}, b, dev)
-    step = interleaved_stats({"dense": lambda: dense.head(dense.runner.forward(x, pos)[:, -1]),
-                              "flash": lambda: flash.head(flash.runner.forward(x, pos)[:, -1])}, b, dev)
+    step = interleaved_stats({k: (lambda d=d: d.head(d.runner.forward(x, pos)[:, -1])) for k, d in drafts.items()}, b, dev)
     fh = flash.head.head
     kernels = ("torch", "triton") if dev.type == "cuda" else (b.head_kernel,)
     sweep = [probe_point(fh.with_probes(p, k), h, b, dev) for k in kernels for p in profile.clustering.probe_sweep]
     result = {"device": bench.device_name(dev), "n_probes": fh.n_probes, "head": heads, "model_step": step,
-              "probe_sweep": sweep}
-    if dev.type == "cuda":                                                   # hardware floors and both head paths
+              "probe_sweep": sweep, "decode_path": {k: d.runner.decode_path for k, d in drafts.items()},
+              "decode_check": {k: getattr(d.runner.decode, "checked", None) for k, d in drafts.items()}}
+    if dev.type == "cuda":                                                   # hardware floors, head paths, blocks
         result["floors"] = floors(dense, fh, bench.copy_bandwidth(dev))
         result["dense_paths"] = {k: bench.stats(bench.time_calls(
             lambda g=GraphedHead(DenseHead(dense.head.head.weight, k), True): g(h), b.warmup, b.iters, dev))
             for k in kernels}
+        result["block"] = block_bench(profile, {modes.DENSE: dense, modes.FLASH: flash}, x, pos)
     save_json(profile, "microbench.json", result)
     return result
 
 
-def draft_step_breakdown(profile: Profile) -> dict:
-    """Where one draft step (body + head, as the engine calls it) spends its time, dense and FlashHead:
-    the profiler's kernels, grouped by kind (lib.bench.kernel_breakdown). Saved in step_breakdown.json."""
+def step_drafts(profile: Profile) -> tuple[dict, torch.Tensor, int]:
+    """The dense and FlashHead drafts, on a GPU also through the reference path (dense_reference,
+    flash_reference: the fused kernels off), each prefilled with the first prompt; and the step's input:
+    the prompt's last token (1,1) fed again at the prompt's end."""
     drafts = engines.build_drafts(profile, (modes.DENSE, modes.FLASH))
     dev = drafts[modes.DENSE].runner.device
+    if dev.type == "cuda":
+        off = replace(profile, decode=replace(profile.decode, fused_draft=False))
+        drafts.update({f"{k}_reference": d for k, d in engines.build_drafts(off, (modes.DENSE, modes.FLASH)).items()})
     prompt = encoded_prompts(profile)[0][1]
-    x, pos = torch.tensor([[prompt[-1]]], device=dev), len(prompt)
-    out = {}
-    for name, d in drafts.items():
+    for d in drafts.values():
         d.runner.prefill(torch.tensor([prompt], device=dev))
-        out[f"draft_{name}"] = bench.breakdown(lambda d=d: d.head(d.runner.forward(x, pos)[:, -1]), dev)
+    return drafts, torch.tensor([[prompt[-1]]], device=dev), len(prompt)
+
+
+def block_bench(profile: Profile, drafts: dict, x: torch.Tensor, pos: int) -> dict:
+    """A round's k proposals as the engine makes them with CUDA graphs (Runner.chain: one replay) against k
+    single steps (a replay of the body and one of the head each): mean, p50, p95 per block."""
+    b, k = profile.bench, profile.decode.k
+    fns = {}
+    for name, d in drafts.items():
+        fns[name] = lambda d=d: d.runner.chain(d.head.head, x, pos, k)
+        fns[f"{name}_steps"] = lambda d=d: [d.head(d.runner.forward(x, pos + i)[:, -1]) for i in range(k)]
+    raw = bench.interleaved(fns, b.warmup, max(10, b.iters // 4), x.device)
+    return {"k": k, **{name: bench.stats(ms) for name, ms in raw.items()}}
+
+
+def draft_step_breakdown(profile: Profile) -> dict:
+    """Where one draft step (body + head, as the engine calls it) spends its time, dense and FlashHead (on a GPU
+    also through the reference path): the profiler's kernels, grouped by kind (lib.bench.kernel_breakdown).
+    Saved in step_breakdown.json. The fused kernels overlap (programmatic dependent launch): their summed
+    times can exceed the step's."""
+    drafts, x, pos = step_drafts(profile)
+    out = {f"draft_{name}": bench.breakdown(lambda d=d: d.head(d.runner.forward(x, pos)[:, -1]), x.device)
+           for name, d in drafts.items()}
     merged = update_json(profile, "step_breakdown.json", out)
     return {k: merged[k] for k in out}                                       # the draft parts (the file may hold the target's)
 
@@ -82,7 +106,7 @@ def floors(dense, fh, bandwidth: float) -> dict:
     dense_head = W.numel() * size
     flash_head = lambda p: (fh.centroids.numel() + p * fh.c2t.shape[1] * W.shape[1]) * size
     ms = lambda nbytes: 1000 * nbytes / bandwidth
-    return {"bandwidth_GBps": bandwidth / 1e9, "dense_head_ms": ms(dense_head), "flash_head_ms": ms(flash_head(fh.n_probes)),
+    return {"bandwidth_GBps": bandwidth / 1e9, "body_bytes": body, "dense_head_ms": ms(dense_head), "body_ms": ms(body), "flash_head_ms": ms(flash_head(fh.n_probes)),
             "flash_head_ms_by_probes": {str(p): ms(flash_head(p)) for p in (1, 16, 256) if p <= fh.n_clusters},
             "dense_step_ms": ms(body + dense_head), "flash_step_ms": ms(body + flash_head(fh.n_probes))}
 
@@ -91,6 +115,8 @@ def interleaved_stats(fns: dict, b, dev) -> dict:
     raw = bench.interleaved(fns, b.warmup, b.iters, dev)
     out = {name: bench.stats(ms) for name, ms in raw.items()}
     out["speedup"] = out["dense"]["mean_ms"] / out["flash"]["mean_ms"]
+    if "dense_reference" in out:                                             # the fused path against the reference
+        out["speedup_reference"] = out["dense_reference"]["mean_ms"] / out["flash_reference"]["mean_ms"]
     out["raw_ms"] = raw
     return out
 

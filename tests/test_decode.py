@@ -1,0 +1,101 @@
+"""The fused single-token decode step (lib/engine/decode.py) against the reference path, on the CPU under Triton's
+interpreter in float32, where the two differ only by summation order: the final hidden states and the K/V cache
+agree to float32 rounding across several attention splits, for Qwen3 (q/k norms) and Llama; the runner checks it
+when built and says which path runs; a fused draft keeps speculative output equal to greedy output.
+Skipped where Triton is not installed (CI)."""
+import os
+import sys
+
+import pytest
+import torch
+
+_old = os.environ.get("TRITON_INTERPRET")
+if "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _restore_env():
+    if _old is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _old
+
+
+try:
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("triton was imported without TRITON_INTERPRET=1: run this file alone", allow_module_level=True)
+except pytest.skip.Exception:
+    _restore_env()
+    raise
+import lib.engine.decode as decode  # noqa: E402
+from lib.engine.heads import DenseHead  # noqa: E402
+from lib.engine.runner import Acceleration, Runner  # noqa: E402
+from lib.engine.speculative import Request, generate_baseline, generate_speculative  # noqa: E402
+from lib.models.build import make_draft, make_target  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreter_env():
+    yield
+    _restore_env()
+
+
+@pytest.fixture(scope="module")
+def llama():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
+                      num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
+                      initializer_range=0.3)                                 # 3 query heads per KV head, as SmolLM2
+    return LlamaForCausalLM(cfg).eval()
+
+
+LEN = 80                                                                     # 3 attention splits of decode.SPLIT
+
+
+@pytest.mark.parametrize("which", ["qwen3", "llama"])
+def test_fused_step_is_the_reference_step(pair, llama, which):
+    model = pair[1] if which == "qwen3" else llama
+    ref, fused = Runner(model, LEN), Runner(model, LEN, Acceleration(fused=True))
+    assert fused.decode_path == "fused" and fused.decode.checked["rel_error"] <= 1e-5
+    ids = torch.randint(3, 200, (LEN,), generator=torch.Generator().manual_seed(1))
+    for r in (ref, fused):
+        r.prefill(ids[None, :5])
+    for p in range(5, LEN):                                                  # through every split boundary
+        a, b = ref.forward(ids[None, p:p + 1], p), fused.forward(ids[None, p:p + 1], p)
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused.cache.k, ref.cache.k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused.cache.v, ref.cache.v, rtol=1e-5, atol=1e-5)
+
+
+def test_the_check_leaves_a_fresh_cache_and_the_runner_names_its_path(pair):
+    r = Runner(pair[1], LEN, Acceleration(fused=True))
+    assert r.decode_path == "fused" and not r.cache.k.any() and not r.cache.v.any()
+    assert r.decode.checked["argmax_equal"] == r.decode.checked["steps"]
+    assert Runner(pair[1], LEN).decode_path == "reference"
+
+
+def test_a_failing_check_falls_back_to_the_reference_path(pair, monkeypatch):
+    monkeypatch.setitem(decode.TOLERANCE, torch.float32, -1.0)               # nothing can pass
+    r = Runner(pair[1], LEN, Acceleration(fused=True))
+    assert r.decode is None and r.decode_path.startswith("reference (fused step off the reference")
+
+
+def test_unsupported_runners_say_why(pair, monkeypatch):
+    monkeypatch.setattr(decode, "INTERPRET", False)                           # a CPU outside the interpreter
+    r = Runner(pair[1], LEN, Acceleration(fused=True))
+    assert r.decode is None and r.decode_path == "reference (no GPU (and not under TRITON_INTERPRET=1))"
+
+
+@pytest.mark.parametrize("schedule", ["ordinary", "deferred"])
+def test_a_fused_draft_keeps_speculative_output_greedy(pair, schedule):
+    target = make_target(pair[0], 120)
+    W = pair[1].get_output_embeddings().weight
+    draft = make_draft(pair[1], DenseHead(W), 120, Acceleration(fused=True))
+    reference = make_draft(pair[1], DenseHead(W), 120)
+    prompt = tuple(torch.randint(3, 500, (12,), generator=torch.Generator().manual_seed(2)).tolist())
+    greedy = generate_baseline(target, Request(prompt, 40)).tokens
+    got = generate_speculative(target, draft, Request(prompt, 40, schedule, 4))
+    want = generate_speculative(target, reference, Request(prompt, 40, schedule, 4))
+    assert got.tokens == greedy and got.accepted == want.accepted            # float32: the same proposals
