@@ -166,3 +166,17 @@ def projection_grid(micro: dict, target_step: dict, alphas=(0.2, 0.3, 0.4, 0.5, 
     costs = call_costs(micro, target_step, modes.FLASH)
     return pd.DataFrame({k: [base / tpot_ms(costs, k, expected_emitted(a, k), DEFERRED) for a in alphas] for k in ks},
                         index=pd.Index(alphas, name="per-token acceptance")).rename_axis(columns="K")
+
+
+def head_ratios(check: pd.DataFrame) -> pd.DataFrame:
+    """FlashHead's draft over the dense one, per schedule: the measured and the modelled decode tok/s ratio
+    (model_check's rows) and their difference in points."""
+    rows = {}
+    for schedule in check.schedule.unique()[check.schedule.unique() != modes.BASELINE]:
+        f, d = modes.name(modes.FLASH, schedule), modes.name(modes.DENSE, schedule)
+        if f in check.index and d in check.index:
+            measured = check.loc[f, "measured tok/s"] / check.loc[d, "measured tok/s"]
+            model = check.loc[f, "model tok/s"] / check.loc[d, "model tok/s"]
+            rows[schedule] = {"measured flash/dense": measured, "model flash/dense": model,
+                              "difference (points)": 100 * (measured - model)}
+    return pd.DataFrame(rows).T

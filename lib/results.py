@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
@@ -154,8 +155,9 @@ def finish_time(run: Path) -> str:
 
 
 def run_order_key(run: Path) -> tuple[str, int]:
-    """Start order of runs: the UTC stamp in the name, then the same-second suffix as a number."""
-    stamp, _, suffix = run.name.split("-", 1)[1].partition("-")
+    """Start order of runs: the UTC stamp in the name (NAME-STAMP, NAME may hold hyphens), then the same-second
+    suffix (NAME-STAMP-N) as a number."""
+    stamp, suffix = re.search(r"(\d{8}T\d{6})(?:-(\d+))?$", run.name).groups()
     return stamp, int(suffix or 0)
 
 

@@ -446,3 +446,22 @@ def test_microbench_floor_and_breakdown_tables():
     kinds = breakdown_table(bd)
     assert kinds.loc["norm", "draft_flash"] == 0.0
     assert kinds.loc["total (us)"].tolist() == [11.0, 8.0] and kinds.loc["launches per step"].tolist() == [5, 4]
+
+
+def test_runs_order_by_their_stamp_whatever_their_name(tmp_path):
+    from lib.results import run_order_key
+    from pathlib import Path
+    assert run_order_key(Path("e2e-20261126T095810")) == ("20261126T095810", 0)
+    assert run_order_key(Path("fused-draft-20261126T201632-3")) == ("20261126T201632", 3)
+
+
+def test_head_ratios_divide_flash_by_dense_per_schedule():
+    from lib.costmodel import head_ratios
+    check = pd.DataFrame({"schedule": ["baseline", "ordinary", "ordinary", "deferred", "deferred"],
+                          "measured tok/s": [40.0, 80.0, 88.0, 100.0, 120.0],
+                          "model tok/s": [40.0, 80.0, 84.0, 100.0, 110.0]},
+                         index=["baseline", "dense_ordinary", "flash_ordinary", "dense_deferred", "flash_deferred"])
+    r = head_ratios(check)
+    assert list(r.index) == ["ordinary", "deferred"]
+    assert r.loc["ordinary", "measured flash/dense"] == pytest.approx(1.1)
+    assert r.loc["deferred", "difference (points)"] == pytest.approx(100 * (1.2 - 1.1))

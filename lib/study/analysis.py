@@ -11,10 +11,10 @@ from ..config import Profile
 from ..report import sampling as sampling_report
 from ..report.peers import table as peers_table
 from ..report.tables import aggregate, records_frame, run_kernels
-from ..results import read_json, read_records
+from ..results import finished, read_json, read_records, runs_of
 
 # What notebook 04 shows, reached through its one import of this module.
-from ..costmodel import model_check, phase_check, projection_grid, projections  # noqa: F401
+from ..costmodel import head_ratios, model_check, phase_check, projection_grid, projections  # noqa: F401
 from ..report.figures import (adaptive_plots, block_length_plot, divergence_gap_plot, figures,  # noqa: F401
                               policy_rounds_plot, projection_heatmap)
 from ..report.summary_json import (acceptance_note, closing_checks, extra_summary, run_source, summary,  # noqa: F401
@@ -60,3 +60,18 @@ def peers(profile: Profile, agg: pd.DataFrame) -> pd.DataFrame | None:
     """peers.json's methods beside notebook 03's baseline and fastest speculative mode; None without peers.json."""
     data = optional_json(profile, "peers.json")
     return None if data is None else peers_table(data, agg)
+
+
+def subset_runs(profile: Profile, micro: dict, target_step: dict, name: str = "fused-draft") -> dict[str, pd.DataFrame]:
+    """Finished runs of a subset of modes named `name`-* (runs/fused-draft-*: the fused draft end to end, written
+    where notebook 03's full run did not fit a session's device time): per run, each mode's decode tok/s,
+    acceptance and exact-match rate beside the cost model's prediction from this profile's microbench.json and
+    target_step.json, then FlashHead over dense per schedule, measured and modelled."""
+    out = {}
+    for run in runs_of(profile.out_dir, name):
+        if finished(run):
+            agg = run_frames(run)[1]
+            check = model_check(agg, micro, target_step, profile.decode.k)
+            out[run.name] = check.join(agg[["acceptance", "exact_match_rate"]])
+            out[run.name + " flash/dense"] = head_ratios(check)
+    return out
