@@ -7,13 +7,14 @@
   _decode_gemv (norm, glu)  RMSNorm, gate/up GEMV, SiLU(gate) * up
   _decode_gemv (residual)   down-projection GEMV added to the residual stream
 
-Each program holds BN whole weight rows: it issues their loads first, and only then (launched as a
-programmatic dependent launch on Hopper) waits for the previous kernel, so a kernel's weights stream in while
-the kernel before it finishes. Splits of the attention are a fixed number of positions, and every reduction
+On Hopper every kernel is a programmatic dependent launch that lets the next one launch at its start; each
+GEMV program holds BN whole weight rows, issues their loads, and only then waits for the kernel before it, so
+the weights of the next kernels stream in while one finishes (the attention reads the older cache positions
+before its wait the same way). Splits of the attention are a fixed number of positions, and every reduction
 runs in a fixed order, so a position's output does not depend on how long the context is.
 Arithmetic follows the Hugging Face modules: fp32 norms rounded to the weights' dtype before the weight
 multiplies, fp32 dot products; rounding points differ in places (RoPE in fp32 then rounded once), so the
-path is checked against the reference at construction (FusedDecode.check) and the runner records which ran.
+path is checked against the reference when a runner is built (check below) and the runner records which ran.
 """
 from __future__ import annotations
 
@@ -91,9 +92,10 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
                       count_ptr, out_ptr, eps, scale, HQ: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
                       S: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, L, NORM: tl.constexpr,
                       PDL: tl.constexpr):
-    """Program (h, s): KV head h, positions s*S..s*S+S-1 of the L-position cache, for its G query heads. The
-    program owning the new position writes its K/V first; each stores (max, sum, weighted V) per query head;
-    the last of the NS programs of head h to finish combines them into out (HQ*HD) in split order."""
+    """Program (h, s): KV head h, positions s*S..s*S+S-1 of the L-position cache, for its G query heads. Older
+    positions come from the cache, the new one from this step's k, v (the program owning it also caches them);
+    each stores (max, sum, weighted V) per query head; the last of the NS programs of head h to finish combines
+    them into out (HQ*HD) in split order."""
     _launch_next(PDL)
     h, s = tl.program_id(0), tl.program_id(1)
     d = tl.arange(0, HD)
