@@ -3,43 +3,18 @@ interpreter in float32, where the two differ only by summation order: the final 
 agree to float32 rounding across several attention splits, for Qwen3 (q/k norms) and Llama; the runner checks it
 when built and says which path runs; a fused draft keeps speculative output equal to greedy output.
 Skipped where Triton is not installed (CI)."""
-import os
-import sys
-
 import pytest
 import torch
 
-_old = os.environ.get("TRITON_INTERPRET")
-if "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"
+from interpreted import interpreter_env, interpreter_or_skip  # noqa: F401 (interpreter_env: an autouse fixture)
 
-
-def _restore_env():
-    if _old is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _old
-
-
-try:
-    pytest.importorskip("triton")
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton was imported without TRITON_INTERPRET=1: run this file alone", allow_module_level=True)
-except pytest.skip.Exception:
-    _restore_env()
-    raise
+interpreter_or_skip()
 import lib.engine.decode as decode  # noqa: E402
 from lib.engine.heads import DenseHead  # noqa: E402
 from lib.engine.runner import Acceleration, Runner  # noqa: E402
 from lib.engine.speculative import Request, generate_baseline, generate_speculative  # noqa: E402
 from lib.models.build import make_draft, make_target  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _interpreter_env():
-    yield
-    _restore_env()
 
 
 @pytest.fixture(scope="module")

@@ -3,41 +3,13 @@
 Small-integer weights make every fp32 dot product exact, so any summation order gives the same scores
 and ties are common: the tie rules (smaller cluster id, smaller token id) are tested exactly.
 Skipped where Triton is not installed (CI)."""
-import os
-import sys
-
 import pytest
 import torch
 
-# The interpreter is chosen when triton is first imported (triton.language decorates its helpers then)
-# and is read again lazily while kernels run, so the variable stays set while this module's tests run.
-_old = os.environ.get("TRITON_INTERPRET")
-if "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"
+from interpreted import interpreter_env, interpreter_or_skip  # noqa: F401 (interpreter_env: an autouse fixture)
 
-
-def _restore_env():
-    if _old is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _old
-
-
-try:
-    pytest.importorskip("triton")
-    if os.environ.get("TRITON_INTERPRET") != "1" or "lib.engine.kernels" in sys.modules:
-        pytest.skip("triton or lib.engine.kernels was imported without TRITON_INTERPRET=1: run this file alone",
-                    allow_module_level=True)
-except pytest.skip.Exception:
-    _restore_env()
-    raise
+interpreter_or_skip("lib.engine.kernels")
 import lib.engine.kernels as K  # noqa: E402
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _interpreter_env():
-    yield
-    _restore_env()
 
 
 def ints(g, *shape, lo=-2, hi=2):

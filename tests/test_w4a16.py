@@ -2,41 +2,14 @@
 the AWQ nibble order and round trip, agreement with x @ dequantize(...) for 1, 3 and 16 rows, tile and split-K
 variants, a ragged N and a smaller group, batch invariance (a row of a 9-row call is bitwise the row alone) and
 the one-line errors. Skipped where Triton is not installed (CI)."""
-import os
-import sys
-
 import pytest
 import torch
 
-# The interpreter is chosen when triton is first imported, so the variable is set before any import of it.
-_old = os.environ.get("TRITON_INTERPRET")
-if "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"
+from interpreted import interpreter_env, interpreter_or_skip  # noqa: F401 (interpreter_env: an autouse fixture)
 
-
-def _restore_env():
-    if _old is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _old
-
-
-try:
-    pytest.importorskip("triton")
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton was imported without TRITON_INTERPRET=1: run this file alone", allow_module_level=True)
-except pytest.skip.Exception:
-    _restore_env()
-    raise
+interpreter_or_skip()
 from lib.models.w4a16 import Tiles, awq_weight, dequantize, split_plan, w4a16_matmul  # noqa: E402
 from lib.models import quantize as Q  # noqa: E402
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _interpreter_env():
-    os.environ["TRITON_INTERPRET"] = "1"                         # an earlier module may have restored it
-    yield
-    _restore_env()
 
 
 def random_awq(seed, K=256, N=64, group=128):
