@@ -19,6 +19,7 @@ path is checked against the reference when a runner is built (check below) and t
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 
 import torch
 import triton
@@ -201,6 +202,10 @@ class FusedDecode:
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        with torch.cuda.device(self.x.device) if self.x.is_cuda else nullcontext():   # Triton launches on the
+            return self._step(ids, start)                                             # current device
+
+    def _step(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         r = self.runner
         torch.index_select(r.body.embed_tokens.weight, 0, ids[0], out=self.x.view(1, -1))
         for i, layer in enumerate(r.layers):
