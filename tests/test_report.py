@@ -465,3 +465,17 @@ def test_head_ratios_divide_flash_by_dense_per_schedule():
     assert list(r.index) == ["ordinary", "deferred"]
     assert r.loc["ordinary", "measured flash/dense"] == pytest.approx(1.1)
     assert r.loc["deferred", "difference (points)"] == pytest.approx(100 * (1.2 - 1.1))
+
+
+def test_draft_step_table_reads_bandwidth_and_shares_from_microbench():
+    from lib.report.micro import draft_step_table
+    st = lambda ms: {"mean_ms": ms, "p50_ms": ms, "p95_ms": ms}
+    micro = {"model_step": {"dense": st(0.8), "flash": st(0.7), "dense_reference": st(1.4), "flash_reference": st(1.3)},
+             "head": {"dense": st(0.16), "flash": st(0.07)},
+             "floors": {"bandwidth_GBps": 3000.0, "dense_step_ms": 0.4, "flash_step_ms": 0.3},
+             "block": {"k": 4, "dense": st(2.8), "dense_steps": st(3.0), "flash": st(2.4), "flash_steps": st(2.6)}}
+    t = draft_step_table(micro)
+    assert t.loc["dense", "MB read"] == pytest.approx(1200) and t.loc["dense", "achieved GB/s"] == pytest.approx(1500)
+    assert t.loc["FlashHead", "% of bandwidth"] == pytest.approx(100 * 0.3 / 0.7)
+    assert t.loc["dense", "head share of step"] == pytest.approx(0.2) and t.loc["dense", "block ms per token"] == 0.7
+    assert t.loc["dense / FlashHead", "step ms (fused)"] == pytest.approx(0.8 / 0.7)

@@ -27,15 +27,17 @@ def floor_table(micro: dict) -> pd.DataFrame:
 
 
 def draft_step_table(micro: dict) -> pd.DataFrame:
-    """Per draft head (GPU profiles): the step on the fused path and on the reference path, its floor and share of
-    the bandwidth, the head's time and share of the step, and a round's proposal block (one graph replay) per token
+    """Per draft head (GPU profiles): the step on the fused path and on the reference path, the bytes it must read
+    (MB), the bandwidth it achieves, its floor and share of the bandwidth, the head's time and share of the step, and a round's proposal block (one graph replay) per token
     beside k single steps per token; with the FlashHead-over-dense step speedup on each path."""
     step, f, heads, blk = micro["model_step"], micro["floors"], micro["head"], micro.get("block", {})
     out = {}
     for name, label in (("dense", "dense"), ("flash", "FlashHead")):
         fl = f[f"{name}_step_ms"]
         ms = step[name]["mean_ms"]
+        mb_read = fl * f["bandwidth_GBps"]                                  # ms x GB/s = MB
         out[label] = {"step ms (fused)": ms, "step ms (reference)": step[f"{name}_reference"]["mean_ms"],
+                      "MB read": mb_read, "achieved GB/s": mb_read / ms,
                       "floor ms": fl, "% of bandwidth": 100 * fl / ms, "head ms": heads[name]["mean_ms"],
                       "head share of step": heads[name]["mean_ms"] / ms}
         if name in blk:
