@@ -193,9 +193,11 @@ class FusedDecode:
         self.split, self.ns = split, triton.cdiv(L, split)
         empty = lambda *shape, dtype=dt: torch.zeros(shape, dtype=dtype, device=dev)
         self.x, self.out = empty(D), empty(1, 1, D)
-        self.qkv, self.attn, self.act = empty((self.hq + 2 * self.hkv) * self.hd), empty(self.hq * self.hd), empty(inter)
-        self.part, self.ml = empty(self.hq, self.ns, self.hd, dtype=torch.float32), empty(self.hq, self.ns, 2, dtype=torch.float32)
-        self.count = empty(self.hkv, dtype=torch.int32)
+        self.qkv = empty((self.hq + 2 * self.hkv) * self.hd)                   # the step's activations
+        self.attn, self.act = empty(self.hq * self.hd), empty(inter)
+        self.part = empty(self.hq, self.ns, self.hd, dtype=torch.float32)     # attention splits: weighted V,
+        self.ml = empty(self.hq, self.ns, 2, dtype=torch.float32)             # (max, sum) per query head
+        self.count = empty(self.hkv, dtype=torch.int32)                       # splits done per KV head
         e = runner.layers[0].self_attn.o_proj.weight.element_size()
         self.bn = {"qkv": _rows(D, tile_bytes, e), "o": _rows(self.hq * self.hd, tile_bytes, e),
                    "gate_up": _rows(D, tile_bytes, e, 2), "down": _rows(inter, tile_bytes, e)}
