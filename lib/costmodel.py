@@ -172,7 +172,7 @@ def head_ratios(check: pd.DataFrame) -> pd.DataFrame:
     """FlashHead's draft over the dense one, per schedule: the measured and the modelled decode tok/s ratio
     (model_check's rows) and their difference in points."""
     rows = {}
-    for schedule in check.schedule.unique()[check.schedule.unique() != modes.BASELINE]:
+    for schedule in (s for s in check.schedule.unique() if s != modes.BASELINE):
         f, d = modes.name(modes.FLASH, schedule), modes.name(modes.DENSE, schedule)
         if f in check.index and d in check.index:
             measured = check.loc[f, "measured tok/s"] / check.loc[d, "measured tok/s"]

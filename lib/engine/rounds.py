@@ -53,9 +53,14 @@ class Draft:
     head: GraphedHead
     blocks: ClassVar[bool] = True
 
+    @property
+    def chained(self) -> bool:
+        """Whether a round's greedy proposals are one graph replay (blocks, and the runner has CUDA graphs)."""
+        return self.blocks and self.runner.graphs
+
     def warm(self, k_max: int) -> None:
         """Capture every proposal block a round can run: a catch-up of 1 or 2 tokens, 1..k_max proposals."""
-        if self.blocks and self.runner.graphs:
+        if self.chained:
             for m in (1, 2):
                 for kk in range(1, k_max + 1):
                     self.runner.warm_chain(self.head.head, m, kk)

@@ -45,7 +45,7 @@ class Greedy:
 
     def propose(self, draft: Draft, s: Sequence, kk: int):
         """kk argmax proposals (kk,); nothing else is needed to judge them. One graph replay where the draft can."""
-        if draft.blocks and draft.runner.graphs:
+        if draft.chained:
             return propose_block(draft, s, kk), None
         return propose(draft, s, kk, lambda h: (draft.head(h).clone(), None))[0], None
 

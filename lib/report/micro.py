@@ -28,8 +28,9 @@ def floor_table(micro: dict) -> pd.DataFrame:
 
 def draft_step_table(micro: dict) -> pd.DataFrame:
     """Per draft head (GPU profiles): the step on the fused path and on the reference path, the bytes it must read
-    (MB), the bandwidth it achieves, its floor and share of the bandwidth, the head's time and share of the step, and a round's proposal block (one graph replay) per token
-    beside k single steps per token; with the FlashHead-over-dense step speedup on each path."""
+    (MB), the bandwidth it achieves, its floor and share of the bandwidth, the head's time and share of the step,
+    and a round's proposal block (one graph replay) per token beside k single steps per token; with the
+    FlashHead-over-dense step speedup on each path."""
     step, f, heads, blk = micro["model_step"], micro["floors"], micro["head"], micro.get("block", {})
     out = {}
     for name, label in (("dense", "dense"), ("flash", "FlashHead")):

@@ -35,7 +35,8 @@ def head_and_step_bench(profile: Profile) -> dict:
     dev = dense.runner.device
     h = flash.runner.forward(x, pos)[:, -1].clone()                                # the same hidden state
     heads = interleaved_stats({"dense": lambda: dense.head(h), "flash": lambda: flash.head(h)}, b, dev)
-    step = interleaved_stats({k: (lambda d=d: d.head(d.runner.forward(x, pos)[:, -1])) for k, d in drafts.items()}, b, dev)
+    steps = {k: (lambda d=d: d.head(d.runner.forward(x, pos)[:, -1])) for k, d in drafts.items()}
+    step = interleaved_stats(steps, b, dev)
     fh = flash.head.head
     kernels = ("torch", "triton") if dev.type == "cuda" else (b.head_kernel,)
     sweep = [probe_point(fh.with_probes(p, k), h, b, dev) for k in kernels for p in profile.clustering.probe_sweep]
@@ -106,7 +107,8 @@ def floors(dense, fh, bandwidth: float) -> dict:
     dense_head = W.numel() * size
     flash_head = lambda p: (fh.centroids.numel() + p * fh.c2t.shape[1] * W.shape[1]) * size
     ms = lambda nbytes: 1000 * nbytes / bandwidth
-    return {"bandwidth_GBps": bandwidth / 1e9, "body_bytes": body, "dense_head_ms": ms(dense_head), "body_ms": ms(body), "flash_head_ms": ms(flash_head(fh.n_probes)),
+    return {"bandwidth_GBps": bandwidth / 1e9, "body_bytes": body, "body_ms": ms(body),
+            "dense_head_ms": ms(dense_head), "flash_head_ms": ms(flash_head(fh.n_probes)),
             "flash_head_ms_by_probes": {str(p): ms(flash_head(p)) for p in (1, 16, 256) if p <= fh.n_clusters},
             "dense_step_ms": ms(body + dense_head), "flash_step_ms": ms(body + flash_head(fh.n_probes))}
 
