@@ -1,24 +1,24 @@
 """The W4A16 AWQ int4 matmul (lib/models/w4a16.py) against its torch reference, on the CPU under Triton's interpreter:
-the AWQ nibble order and round trip, agreement with x @ dequantize(...) for 1, 3 and 16 rows, tile and split-K
-variants, a ragged N and a smaller group, batch invariance (a row of a 9-row call is bitwise the row alone) and
-the one-line errors. Skipped where Triton is not installed (CI)."""
+the repacked layout stands for the same weights as AWQ's, agreement with x @ dequantize(...) for 1, 3, 16 and 17
+rows, tiles and split-K, a ragged N, batch invariance (a row of a 9- or 17-row call is bitwise the row alone),
+concatenated projections, the Int4Linear module and the one-line errors. Skipped where Triton is not installed (CI)."""
 import pytest
 import torch
 
 from interpreted import interpreter_env, interpreter_or_skip  # noqa: F401 (interpreter_env: an autouse fixture)
 
 interpreter_or_skip()
-from lib.models.w4a16 import Tiles, awq_weight, dequantize, split_plan, w4a16_matmul  # noqa: E402
+from lib.models.w4a16 import Int4Linear, Tiles, concat, dequantize, pack_awq, split_plan, w4a16_matmul  # noqa: E402
 from lib.models import quantize as Q  # noqa: E402
 
 
-def random_awq(seed, K=256, N=64, group=128):
-    """Random codes, zeros and fp16 scales in the AWQ GEMM layout (quantize.pack)."""
+def random_awq(seed, K=256, N=64, dtype=torch.float16):
+    """Random codes, zeros and scales in the AWQ GEMM layout (quantize.pack): (qweight, qzeros, scales)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 16, (K, N), generator=g)
-    z = torch.randint(0, 16, (K // group, N), generator=g)
-    s = (torch.rand(K // group, N, generator=g) * 0.02 + 0.001).half()
-    return awq_weight(Q.pack(q), Q.pack(z), s, group), g
+    z = torch.randint(0, 16, (K // 128, N), generator=g)
+    s = (torch.rand(K // 128, N, generator=g) * 0.02 + 0.001).to(dtype)
+    return (Q.pack(q), Q.pack(z), s), g
 
 
 def rel_err(y, ref):
@@ -32,27 +32,30 @@ def test_awq_nibble_order_and_round_trip():
     assert torch.equal(Q.unpack(Q.pack(codes)), codes.int())
 
 
-def test_dequantize_matches_quantize_module():
+def test_repacked_weights_are_the_awq_weights():
     W = torch.randn(64, 256, generator=torch.Generator().manual_seed(2))      # (out, in)
     t = Q.quantize_weight(W)
-    ref = Q.dequantize(t["qweight"], t["qzeros"], t["scales"]).t()
-    assert torch.equal(dequantize(t["qweight"], t["qzeros"], t["scales"], 128), ref)
-    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(3)).half()
-    y = w4a16_matmul(x, awq_weight(t["qweight"], t["qzeros"], t["scales"]), out_dtype=torch.float32)
-    assert rel_err(y, x.float() @ ref) <= 1e-5
-    assert rel_err(y, x.float() @ W.t()) <= 0.2                   # int4 round-to-nearest error (~0.1), loosely
+    w = pack_awq(t["qweight"], t["qzeros"], t["scales"])
+    assert torch.equal(dequantize(w), Q.dequantize(t["qweight"], t["qzeros"], t["scales"]).t())
+    assert w.words.shape == (4, 64, 8) and w.zeros.dtype == torch.uint8
+    # word [2b + h, n, r], bits 4j + 16t: the code of column n, k = 128b + 16(4h + j) + 2r + t
+    codes = Q.unpack(t["qweight"])
+    b, h, r, j, tt, n = 1, 1, 5, 2, 1, 9
+    k = 128 * b + 16 * (4 * h + j) + 2 * r + tt
+    assert (int(w.words[2 * b + h, n, r]) >> (4 * j + 16 * tt)) & 0xF == codes[k, n]
 
 
-TILES = [Tiles(), Tiles(block_n=32, block_k=64, split_k=1), Tiles(block_n=16, block_k=32, split_k=3)]
+TILES = [Tiles(), Tiles(block_n=64, split_k=1), Tiles(block_n=128, split_k=2)]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("M", [1, 3, 16])
-@pytest.mark.parametrize("tiles", TILES, ids=["default", "bn32-bk64-s1", "bn16-bk32-s3"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 3, 16, 17])
+@pytest.mark.parametrize("tiles", TILES, ids=["default", "bn64-s1", "bn128-s2"])
 def test_matches_dequantized_reference(M, dtype, tiles):
-    w, g = random_awq(M)
+    awq, g = random_awq(M, dtype=dtype)
+    w = pack_awq(*awq)
     x = torch.randn(M, 256, generator=g).to(dtype)
-    ref = x.float() @ dequantize(*w)
+    ref = x.float() @ dequantize(w)
     y32 = w4a16_matmul(x, w, tiles, out_dtype=torch.float32)
     assert rel_err(y32, ref) <= 1e-5                              # only fp32 accumulation order differs
     y = w4a16_matmul(x, w, tiles)
@@ -64,37 +67,103 @@ def test_matches_dequantized_reference(M, dtype, tiles):
 
 
 def test_split_plan_covers_k_without_empty_ranges():
-    assert split_plan(256, 64, Tiles(block_k=32, split_k=3)) == (3, 96)      # 8 blocks: 3 + 3 + 2
-    assert split_plan(25600, 5120, Tiles()) == (16, 1600)                    # 40 column tiles: at most 16 ranges
-    assert split_plan(5120, 51200, Tiles()) == (4, 1280)                     # 400 column tiles, about 1600 programs
-    assert split_plan(256, 64, Tiles()) == (4, 64)                           # one K block a range
+    assert split_plan(1024, 64, Tiles(split_k=3)) == (3, 384)                # 8 K-blocks: 3 + 3 + 2
+    assert split_plan(25600, 5120, Tiles()) == (16, 1664)                    # 200 K-blocks: at most 16 ranges
+    assert split_plan(5120, 51200, Tiles()) == (4, 1280)                     # 40 K-blocks: about 10 a range
+    assert split_plan(8192, 5120, Tiles()) == (8, 1024)                      # 80 column tiles: about 640 programs
+    assert split_plan(256, 64, Tiles()) == (2, 128)                          # one K-block a range
 
 
-@pytest.mark.parametrize("N,group,tiles", [(40, 128, Tiles(block_n=32)), (64, 64, Tiles(block_k=32, split_k=2))])
-def test_ragged_n_and_smaller_group(N, group, tiles):
-    w, g = random_awq(7, N=N, group=group)
-    x = torch.randn(4, 256, generator=g).to(torch.bfloat16)
-    assert rel_err(w4a16_matmul(x, w, tiles, out_dtype=torch.float32), x.float() @ dequantize(*w)) <= 1e-5
+def test_ragged_n():
+    awq, g = random_awq(7, N=72)
+    w = pack_awq(*awq)
+    x = torch.randn(4, 256, generator=g).half()
+    assert rel_err(w4a16_matmul(x, w, Tiles(block_n=64), out_dtype=torch.float32), x.float() @ dequantize(w)) <= 1e-5
 
 
-@pytest.mark.parametrize("tiles", [Tiles(), Tiles(block_n=16, block_k=32, split_k=3)], ids=["default", "split3"])
+@pytest.mark.parametrize("tiles", [Tiles(), Tiles(block_n=64, split_k=2)], ids=["default", "split2"])
 def test_batch_invariance(tiles):
-    w, g = random_awq(11)
-    x = torch.randn(9, 256, generator=g).to(torch.bfloat16) * 3
+    awq, g = random_awq(11)
+    w = pack_awq(*awq)
+    x = torch.randn(17, 256, generator=g).half() * 3
     y = w4a16_matmul(x, w, tiles)
-    for i in range(9):
+    for i in (0, 4, 8, 15, 16):
         assert torch.equal(w4a16_matmul(x[i:i + 1], w, tiles)[0], y[i]), f"row {i}"
+    assert torch.equal(w4a16_matmul(x[:9], w, tiles), y[:9])
     assert torch.equal(w4a16_matmul(x, w, tiles), y)              # and deterministic
 
 
+def test_concatenated_projections_and_module():
+    (a, ga), (b, _) = random_awq(3), random_awq(4, N=128)
+    wa, wb = pack_awq(*a), pack_awq(*b)
+    x = torch.randn(2, 256, generator=ga).half()
+    both = w4a16_matmul(x, concat([wa, wb]))
+    assert torch.equal(both, torch.cat([w4a16_matmul(x, wa), w4a16_matmul(x, wb)], 1))
+
+    class Awq(torch.nn.Module):                                    # a loaded AWQ module's tensors (gptqmodel's names)
+        def __init__(self, t):
+            super().__init__()
+            self.qweight, self.qzeros, self.scales = t
+            self.group_size, self.bias = 128, None
+
+    mods = [Int4Linear.from_awq(Awq(a)), Int4Linear.from_awq(Awq(b))]
+    alone = [m(x) for m in mods]
+    fused = Int4Linear.concat(mods)
+    assert (fused.in_features, fused.out_features) == (256, 192)
+    assert torch.equal(fused(x[None])[0], both)                   # (1, n, K) -> (1, n, N)
+    assert mods[1].words.data_ptr() == fused.words[:, 64:].data_ptr()            # views of the fused tensors
+    assert all(torch.equal(m(x), y) for m, y in zip(mods, alone))  # and still the same projections
+
+
 def test_errors():
-    w, _ = random_awq(5)
-    with pytest.raises(ValueError, match="1..16 rows"):
-        w4a16_matmul(torch.zeros(17, 256, dtype=torch.bfloat16), w)
-    with pytest.raises(ValueError, match="not a multiple of the group"):
-        awq_weight(torch.zeros(200, 8, dtype=torch.int32), torch.zeros(1, 8, dtype=torch.int32),
-                   torch.zeros(1, 64, dtype=torch.float16), 128)
-    with pytest.raises(ValueError, match="block_k must divide"):
-        w4a16_matmul(torch.zeros(1, 256, dtype=torch.bfloat16), w, Tiles(block_k=256))
+    awq, _ = random_awq(5)
+    w = pack_awq(*awq)
+    with pytest.raises(ValueError, match="group size 128"):
+        pack_awq(*awq, group=64)
     with pytest.raises(ValueError, match="shape"):
-        w4a16_matmul(torch.zeros(1, 128, dtype=torch.bfloat16), w)
+        w4a16_matmul(torch.zeros(1, 128, dtype=torch.float16), w)
+    with pytest.raises(ValueError, match="float16"):
+        w4a16_matmul(torch.zeros(1, 256, dtype=torch.bfloat16), w)
+    with pytest.raises(ValueError, match="block_n"):
+        w4a16_matmul(torch.zeros(1, 256, dtype=torch.float16), w, Tiles(block_n=32))
+
+
+@pytest.fixture(scope="module")
+def awq_target(tmp_path_factory):
+    """The tiny synthetic target (hidden 128) written as an AWQ checkpoint."""
+    pytest.importorskip("gptqmodel")
+    import fixtures_thesis as fx
+    from lib.models.synthetic import make_pair
+    target = make_pair(fx.tiny_synthetic(), 0, "float32", "cpu", ("target",))[0]
+    return Q.write_awq_model(target, tmp_path_factory.mktemp("awq") / "target")
+
+
+def test_backend_loads_like_torch_awq_and_fuses(awq_target):
+    """models.awq_backend triton_w4a16: AwqConfig (torch_awq), then Int4Linear on the same weights; the runner fuses
+    q/k/v and gate/up into one matmul each and traces the custom op without graph breaks."""
+    from lib.engine.runner import Acceleration, Runner
+    from lib.models import checkpoints
+    ref = checkpoints.load_model(str(awq_target), "float16", "cpu", "torch_awq")
+    model = checkpoints.load_model(str(awq_target), "float16", "cpu", checkpoints.W4A16_BACKEND)
+    assert type(model.model.layers[0].mlp.down_proj) is Int4Linear
+    assert not any(hasattr(m, "qweight") for m in model.modules())
+    ids = torch.randint(0, 500, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got, want = model(ids).logits[0].float(), ref(ids).logits[0].float()
+    assert (got - want).abs().max() < 2e-2 * want.abs().max()          # fp16 projections: rounding apart
+    eager, compiled = Runner(model, 32), Runner(model, 32, Acceleration(compile=True))
+    assert isinstance(compiled.fused[0]["qkv"], Int4Linear) and compiled.fused[0]["gate_up"].out_features == 2 * 256
+    for r in (eager, compiled):
+        r.prefill(ids[:, :8])
+    with torch.no_grad():
+        want = eager._forward(ids[:, 8:], torch.tensor(8), compiled=False)
+        got = compiled._forward(ids[:, 8:], torch.tensor(8), compiled=True)
+    assert torch.equal(compiled._argmax(got), eager._argmax(want))
+    assert torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_backend_refused_on_cpu_without_the_interpreter(monkeypatch):
+    from lib.models import checkpoints
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        checkpoints.awq_config({}, checkpoints.W4A16_BACKEND, "cpu")

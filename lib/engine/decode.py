@@ -160,7 +160,7 @@ GEMVS = {"qkv": (True, False, False), "o": (False, False, True),   # (norm, glu,
 
 def supported(runner) -> str:
     """Why the fused step cannot run this runner's layers ('' when it can)."""
-    if not all(runner.fused):
+    if not all(f and isinstance(f["qkv"], torch.Tensor) for f in runner.fused):
         return "quantised projections"
     if runner.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return f"dtype {runner.dtype}"

@@ -227,7 +227,7 @@ def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple) -> 
     n, hd = x.shape[1], k_cache.shape[-1]
     h = layer.input_layernorm(x)
     if fused:                                                                               # one GEMV for q, k, v
-        q, k, v = F.linear(h, fused["qkv"]).split(fused["qkv_sizes"], dim=-1)
+        q, k, v = project(fused["qkv"], h).split(fused["qkv_sizes"], dim=-1)
     else:
         q, k, v = project(att.q_proj, h), project(att.k_proj, h), project(att.v_proj, h)
     q, k, v = q.view(1, n, -1, hd), k.view(1, n, -1, hd), v.view(1, n, -1, hd)
@@ -242,17 +242,20 @@ def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple) -> 
     h = layer.post_attention_layernorm(x)
     mlp = layer.mlp
     if fused:                                                                               # one GEMV for gate, up
-        g, u = F.linear(h, fused["gate_up"]).chunk(2, dim=-1)
+        g, u = project(fused["gate_up"], h).chunk(2, dim=-1)
     else:
         g, u = project(mlp.gate_proj, h), project(mlp.up_proj, h)
     return x + project(mlp.down_proj, mlp.act_fn(g) * u)
 
 
 def project(module, x: torch.Tensor) -> torch.Tensor:
-    """A projection. Plain Linear layers are traced with the layer; a quantised one (gptqmodel's AWQ
-    modules) is called opaquely, since dynamo cannot trace its kernels' Python wrappers (a ContextVar,
-    a lock): one graph break per call, and torch.compile fuses the norms, RoPE and attention between."""
-    return module(x) if type(module) is torch.nn.Linear else _opaque(module, x)
+    """A projection: a weight tensor (fused plain Linears), a plain Linear or a module that says it is
+    `traceable` (lib.models.w4a16's custom op) is traced with the layer; any other quantised module (gptqmodel's
+    AWQ kernels) is called opaquely, since dynamo cannot trace their Python wrappers (a ContextVar, a lock): one
+    graph break per call, and torch.compile fuses the norms, RoPE and attention between."""
+    if isinstance(module, torch.Tensor):
+        return F.linear(x, module)
+    return module(x) if type(module) is torch.nn.Linear or getattr(module, "traceable", False) else _opaque(module, x)
 
 
 @torch.compiler.disable
@@ -261,25 +264,29 @@ def _opaque(module, x: torch.Tensor) -> torch.Tensor:
 
 
 def fuse_projections(layer) -> dict:
-    """Store q/k/v and gate/up weights of plain Linear layers contiguously (the modules keep views,
-    so nothing is duplicated), letting one GEMV read each group. Quantised layers are left alone."""
+    """One projection for q/k/v and one for gate/up, letting one GEMV read each group: plain Linear weights stored
+    contiguously (the modules keep views, so nothing is duplicated), or quantised modules whose class can `concat`
+    (lib.models.w4a16.Int4Linear: its modules keep views too). Other quantised layers are left alone ({})."""
     att, mlp = layer.self_attn, layer.mlp
     groups = {"qkv": (att.q_proj, att.k_proj, att.v_proj), "gate_up": (mlp.gate_proj, mlp.up_proj)}
     mods = [m for g in groups.values() for m in g]
-    if not all(type(m) is torch.nn.Linear and m.bias is None for m in mods):
+    plain = all(type(m) is torch.nn.Linear and m.bias is None for m in mods)
+    if not plain and not all(type(m) is type(mods[0]) and hasattr(type(m), "concat") for m in mods):
         return {}
     out = {}
     for name, group in groups.items():
-        if "fused_" + name in layer.__dict__:                                               # a second runner on this model
-            out[name], out[name + "_sizes"] = layer.__dict__["fused_" + name]
-            continue
-        sizes = [m.weight.shape[0] for m in group]
-        fused = torch.cat([m.weight.data for m in group])
-        for m, w in zip(group, fused.split(sizes)):
-            m.weight.data = w
-        out[name], out[name + "_sizes"] = fused, sizes
-        layer.__dict__["fused_" + name] = (fused, sizes)
+        if "fused_" + name not in layer.__dict__:                                           # else a second runner
+            sizes = [m.weight.shape[0] if plain else m.out_features for m in group]
+            layer.__dict__["fused_" + name] = (_concat_weights(group) if plain else type(group[0]).concat(group), sizes)
+        out[name], out[name + "_sizes"] = layer.__dict__["fused_" + name]
     return out
+
+
+def _concat_weights(group) -> torch.Tensor:
+    fused = torch.cat([m.weight.data for m in group])
+    for m, w in zip(group, fused.split([m.weight.shape[0] for m in group])):
+        m.weight.data = w
+    return fused
 
 
 def on(device: torch.device):

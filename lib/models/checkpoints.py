@@ -67,6 +67,9 @@ AWQ_CPU_BACKENDS = ("torch_awq", "torch_fused_awq", "auto")   # gptqmodel kernel
 # the fastest that agrees with the dequantised reference and survives graph capture (0.14 ms a layer, flat in
 # verify length 1-8); gemm 0.43 ms, torch_awq dequantises per call, exllama_v2 escapes graph capture (h100awq.yaml).
 AWQ_GPU_DEFAULT = "marlin"
+# This study's own kernel (lib/models/w4a16.py): loaded through AwqConfig with torch_awq, then every AWQ module is
+# swapped for an Int4Linear on the same weights (repacked once); exact and batch-invariant for any number of rows.
+W4A16_BACKEND = "triton_w4a16"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")                # safetensors only, never pickles
 
 
@@ -133,6 +136,11 @@ def awq_config(quant: dict, backend: str, device: str):
     from transformers import AwqConfig
     cpu = torch.device(device).type == "cpu"
     backend = backend or ("torch_awq" if cpu else AWQ_GPU_DEFAULT)
+    if backend == W4A16_BACKEND:                                       # its modules replace torch_awq's after loading
+        if cpu and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"AWQ backend {W4A16_BACKEND!r} needs a CUDA device (or TRITON_INTERPRET=1 on a CPU), "
+                             f"but the model goes to {device!r}")
+        backend = "torch_awq"
     if cpu and backend not in AWQ_CPU_BACKENDS:
         raise ValueError(f"AWQ backend {backend!r} needs a CUDA device, but the model goes to {device!r}; "
                          f"on a CPU use one of {list(AWQ_CPU_BACKENDS)} (models.awq_backend)")
@@ -166,6 +174,9 @@ def load_model(path: str, dtype: str, device: str, awq_backend: str = "", config
         model = AutoModelForCausalLM.from_pretrained(str(local), **kwargs).eval()
     if quant and not any(hasattr(m, "qweight") for m in model.modules()):
         raise RuntimeError(f"{path}: AWQ checkpoint loaded without any quantised layer (backend {awq_backend!r})")
+    if quant and awq_backend == W4A16_BACKEND:
+        from .w4a16 import swap_awq_modules                           # Triton: imported only when asked for
+        swap_awq_modules(model)
     return model
 
 

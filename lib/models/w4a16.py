@@ -1,32 +1,30 @@
-"""W4A16 matrix multiply for decode: y (M, N) = x (M, K) @ W for 1..16 activation rows and AWQ int4 weights.
+"""W4A16 matrix multiply for decode and verify: y (M, N) = x (M, K) @ W with AWQ int4 weights, any M, exact
+and batch-invariant; `Int4Linear` puts it in a model as the `triton_w4a16` AWQ backend.
 
-Layout (read as stored, no repacking): the AWQ GEMM layout of lib.models.quantize, W[k, n] = (q[k, n] -
-z[k // group, n]) * s[k // group, n] with
-  qweight (K, N/8) int32, qzeros (K/group, N/8) int32: nibble j (bits 4j..4j+3) of packed column c holds
-      column 8c + AWQ_ORDER[j], AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7);
-  scales (K/group, N) fp16 (or bf16).
-AutoAWQ's interleave puts columns 2i and 2i+1 in nibbles i and i+4, i.e. the low and high 16-bit halves of
-`packed >> 4i`: one shift and one mask give two neighbouring codes at once, each in its own 16-bit half.
+Layout: AWQ's GEMM tensors (qweight (K, N/8), qzeros (K/128, N/8) int32 in AWQ's nibble order, scales
+(K/128, N)) are repacked once at load (`pack_awq`) into
+  words (K/64, N, 8) int32: word [2b + h, n, r] holds in bits 4j + 16t (j 0..3, t 0..1) the code of column n,
+      k = 128b + 16(4h + j) + 2r + t (K-block b = one group); a program's (columns, 8) tile is contiguous,
+  zeros (K/128, N) uint8 codes, scales (K/128, N) as stored (fp16 or bf16); group 128 only.
+So one shift and one mask of a word leave the codes of k and k + 1 (neighbours in K) in its two 16-bit halves,
+which is where the tensor cores want a thread's pair of an operand, and chunk 4h + j of a K-block (16 K
+positions) is the j-th shift of 8 words: no data moves between the load and the multiply.
 
-Design (decode on an H100 is memory-bound):
-  * every program computes a 16-row tile with tl.dot; rows >= M are loaded as zeros, so a row's arithmetic
-    is the same for any M (batch invariance: row i of a 9-row call equals that row computed alone);
-  * int4 -> float in registers after the load without a conversion instruction: a code c OR-ed into the
-    bit pattern of 128.0 (bf16, 0x4300) or 1024.0 (fp16, 0x6400) *is* the float 128 + c (1024 + c), since
-    the unit in the last place there is 1; (128 + q) - (128 + z) = q - z is then exact in x's dtype;
-  * the tensor cores take x and the integer weights q - z (exact in bf16/fp16, so every product is
-    exact in fp32); the group's scale multiplies the fp32 partial dot afterwards. So the only rounding is
-    fp32 accumulation (BLOCK_K must divide the group), unlike rounding (q - z) * s to bf16 first;
-  * split-K: program (n, s) covers output columns n*BLOCK_N.. and the s-th K range; with several ranges
-    each writes fp32 partials (split, M, N) and a second kernel adds them in the fixed order s = 0, 1, ...
-    (no atomics: deterministic). The split is chosen from (N, K) only, never from M.
-Measured once (one H200, Triton 3.6, 20 calls in a CUDA graph on the same weights, default tiles): down
-(K 25600, N 5120) 72 us and gate/up (K 5120, N 51200) 132 us a call, about 1.0 TB/s of packed weights, flat
-from M = 1 to 16, against a 2.8 TB/s device copy in the same run: the dequantisation in registers, not HBM,
-bounds it so far. Per-column shifts on a gathered load (no join/reshape) were 13x slower; folding the zero
-point into a row-sum correction was slower too.
-Under TRITON_INTERPRET=1 (CPU) the interpreter stores bf16 as raw uint16 and cannot add or dot it, so
-there the operands are widened to fp32 first: the same exact products, summed in fp32.
+Kernel (decode on an H100 is memory-bound; the int4 -> float work must stay under the load):
+  * operands swapped, out^T (BLOCK_N, 16) = W^T (BLOCK_N, K) @ x^T (K, 16): the weights are the register
+    operand of a 64..256-row wgmma and the 16 (padded) activation rows the shared-memory one. Rows >= M are
+    zeros, so each row's arithmetic is the same for any M: batch invariance (row i of a 9-row call equals that
+    row alone). M > 16 runs in tiles of 16 rows (grid axis 2), e.g. a prefill;
+  * int4 -> float without a conversion: a code c OR-ed into the bit pattern of 1024.0 (fp16, 0x6400) or 128.0
+    (bf16, 0x4300) is that float plus c, since its unit in the last place is 1. One lop3 does (word & 0x000F000F)
+    | magic for two codes, one sub.{f16,bf16}x2 takes (magic + z) off both: q - z, exact (inline PTX);
+  * the group's scale multiplies the fp32 sum of a K-block (128 = one group) afterwards, so the only rounding is
+    fp32 accumulation; the tensor cores' products of x and the integers q - z are exact;
+  * split-K: program (n, s, m) covers columns n*BLOCK_N .., the s-th range of K-blocks, rows 16m ..; with
+    several ranges each writes fp32 partials (split, M, N), and the last to finish (a counter per tile) adds
+    them in the order s = 0, 1, ...: deterministic, one launch. The split comes from (N, K) only, never from M.
+Under TRITON_INTERPRET=1 (CPU) inline PTX cannot run, so there the same q - z come from integer arithmetic and
+the products are summed in fp32 (`_EMULATE`).
 """
 from __future__ import annotations
 
@@ -37,145 +35,239 @@ import torch
 import triton
 import triton.language as tl
 
-from .quantize import GROUP, PACK, unpack
+from .quantize import GROUP, unpack
 
-MAX_ROWS = 16                      # rows of the computed tile; M may be 1..16
-TARGET_PROGRAMS = 1600             # split-K aims at about this many programs (132 SMs), with at most
-MAX_SPLIT = 16                     # this many K ranges (partials cost M * N * 8 bytes a range)
-_MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400}   # bit patterns of 128.0 (bf16) and 1024.0 (fp16)
+ROWS = 16                          # activation rows of one program (the wgmma's N)
+# split-K (one H200, Triton 3.6, Qwen3-32B decode shapes): about 10 K-blocks a program and at least about 640
+# programs were best for each of q/k/v, o, gate/up and down among splits 1..16 and block_n 64..256
+BLOCKS_PER_PROGRAM = 10
+MIN_PROGRAMS = 640
+MAX_SPLIT = 16                     # K ranges at most (partials cost M * N * 4 bytes a range)
+_MAGIC = {torch.float16: 0x6400, torch.bfloat16: 0x4300}      # 1024.0 (fp16) and 128.0 (bf16)
 
 
-class AwqInt4(NamedTuple):
-    qweight: torch.Tensor          # (K, N/8) int32
-    qzeros: torch.Tensor           # (K/group, N/8) int32
-    scales: torch.Tensor           # (K/group, N) fp16 or bf16
-    group: int
+class PackedInt4(NamedTuple):
+    words: torch.Tensor            # (K/64, N, 8) int32, the layout above
+    zeros: torch.Tensor            # (K/128, N) uint8
+    scales: torch.Tensor           # (K/128, N) fp16 or bf16
 
 
 @dataclass(frozen=True)
 class Tiles:
-    """Launch parameters. Defaults: the best of a small sweep on one H200 (Triton 3.6, M = 1 and 16, down and
-    gate/up shapes), where this kernel reached about 1.0 TB/s of packed weights, a third of the copy bandwidth."""
-    block_n: int = 128             # output columns per program (power of two, >= 16)
-    block_k: int = 64              # K step of the loop (power of two, >= 16, divides the group)
-    split_k: int | None = None     # K ranges (None: from N and K so that about TARGET_PROGRAMS programs run)
+    """Launch parameters: output columns a program computes, K ranges, warps and pipeline stages. Defaults: the best
+    of a sweep on one H200 (block_n 64/128/256 x warps 4/8 x stages 2/3/4 x splits, M = 1 and 8)."""
+    block_n: int = 64              # 64, 128 or 256 (the wgmma's M)
+    split_k: int | None = None     # K ranges (None: from N and K, see split_plan)
     num_warps: int = 4
     num_stages: int = 3
 
 
 @triton.jit
-def _codes(p, MAGIC: tl.constexpr, DT: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """AWQ-packed int32 (ROWS, COLS/8) -> (ROWS, COLS) in dtype DT holding MAGIC + code, in column order."""
-    i4 = tl.arange(0, 4) * 4
-    # the low half of p >> 4i is nibble i (column 2i), the high half nibble i + 4 (column 2i + 1)
-    pairs = ((p[:, :, None] >> i4[None, None, :]) & 0x000F000F) | (MAGIC * 0x10001)
-    lo = pairs.to(tl.int16)                                      # truncation keeps the low half
-    hi = (pairs >> 16).to(tl.int16)
-    # join appends the (lo, hi) axis: (c, i, half) is column 8c + 2i + half, row-major as reshape reads it
-    return tl.reshape(tl.join(lo, hi), (ROWS, COLS)).to(DT, bitcast=True)
+def _pair(p, zz, DT: tl.constexpr, EMULATE: tl.constexpr):
+    """(lo, hi) = codes in bits 0-3 and 16-19 of p minus the zero point, as DT; zz holds (magic + z) twice."""
+    if EMULATE:
+        z = zz & 0xF
+        return ((p & 0xF) - z).to(tl.float32), (((p >> 16) & 0xF) - z).to(tl.float32)
+    elif DT == tl.float16:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 t, t, $3; mov.b32 {$0, $1}, t; }",
+            "=h,=h,r,r", [p, zz], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; sub.bf16x2 t, t, $3; mov.b32 {$0, $1}, t; }",
+            "=h,=h,r,r", [p, zz], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
 
 
 @triton.jit(do_not_specialize=["M"])                            # one compiled kernel for every M (M == 1 too)
-def _w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, M, N, K, stride_xm, k_per_split,
-                  GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MAGIC: tl.constexpr,
-                  EMULATE: tl.constexpr):
-    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+def _w4a16_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, count_ptr, out_ptr, M, N, K, stride_xm, stride_w, stride_g,
+                  k_per_split, BLOCK_N: tl.constexpr, MAGIC: tl.constexpr, SPLIT: tl.constexpr, EMULATE: tl.constexpr):
+    pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    N8 = N // 8
-    rows = tl.arange(0, 16)
+    rows = pid_m * 16 + tl.arange(0, 16)
+    k16 = tl.arange(0, 16)
+    r8 = tl.arange(0, 8)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    pcols = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
-    kk = tl.arange(0, BLOCK_K)
+    ok = cols < N
     k_start = pid_k * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
-    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        # padded rows read as 0: the tile, and so each row's sums, do not depend on M
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + (k0 + kk)[None, :], mask=rows[:, None] < M, other=0.0)
-        q = tl.load(qw_ptr + (k0 + kk).to(tl.int64)[:, None] * N8 + pcols[None, :],
-                    mask=pcols[None, :] < N8, other=0)
-        g = k0 // GROUP                                          # one group per step: BLOCK_K divides GROUP
-        z = tl.load(qz_ptr + g * N8 + pcols[None, :], mask=pcols[None, :] < N8, other=0)
-        s = tl.load(s_ptr + g * N + cols, mask=cols < N, other=0.0).to(tl.float32)
-        wq = _codes(q, MAGIC, DT, BLOCK_K, BLOCK_N)
-        zq = _codes(z, MAGIC, DT, 1, BLOCK_N)
-        if EMULATE:                                              # interpreter: same exact values in fp32
-            part = tl.dot(x.to(tl.float32), wq.to(tl.float32) - zq.to(tl.float32), input_precision="ieee")
-        else:
-            part = tl.dot(x, wq - zq, out_dtype=tl.float32)      # (MAGIC+q) - (MAGIC+z) = q - z exactly
-        acc += part * s[None, :]                                 # the group's scale, in fp32
-    # split == 1: out_ptr is y itself (cast to its dtype); else the fp32 partials of range pid_k
-    ptrs = out_ptr + pid_k * M * N + rows[:, None] * N + cols[None, :]
-    tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
-
-
-@triton.jit(do_not_specialize=["total"])
-def _reduce_kernel(part_ptr, out_ptr, total, splits, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < total
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(splits):                                      # fixed order: deterministic, batch-invariant
-        acc += tl.load(part_ptr + s * total + offs, mask=ok, other=0.0)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+    for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), 128):
+        g = k0 // 128                                            # one group a K-block
+        z = tl.load(z_ptr + g * stride_g + cols, mask=ok, other=0).to(tl.int32)
+        s = tl.load(s_ptr + g * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
+        zz = tl.broadcast_to(((z | MAGIC) * 0x10001)[:, None], (BLOCK_N, 8))
+        part = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+        for h in tl.static_range(2):
+            base = w_ptr + (2 * g + h).to(tl.int64) * stride_w           # the (N, 8) words of half h
+            words = tl.load(base + cols[:, None] * 8 + r8[None, :], mask=ok[:, None], other=0)
+            for j in tl.static_range(4):
+                k = k0 + 16 * (4 * h + j) + k16                  # the 16 K positions of chunk 4h + j
+                # padded rows read as 0: the tile, and so each row's sums, do not depend on M
+                xt = tl.load(x_ptr + rows[None, :] * stride_xm + k[:, None], mask=rows[None, :] < M, other=0.0)
+                lo, hi = _pair(words >> (4 * j), zz, DT, EMULATE)
+                w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 16))   # (column, 2r + t): K order within the chunk
+                if EMULATE:
+                    part = tl.dot(w, xt.to(tl.float32), part, input_precision="ieee")
+                else:
+                    part = tl.dot(w, xt, part, out_dtype=tl.float32)
+        acc += part * s[:, None]                                 # the group's scale, in fp32
+    at = rows[None, :] * N + cols[:, None]
+    keep = (rows[None, :] < M) & ok[:, None]
+    if SPLIT:                                                    # fp32 partials; the last range to finish adds them
+        splits = tl.num_programs(1)
+        tl.store(part_ptr + pid_k * M * N + at, acc, mask=keep)
+        tl.debug_barrier()                                       # partials stored before we count ourselves
+        tile = pid_m * tl.num_programs(0) + pid_n
+        if tl.atomic_add(count_ptr + tile, 1) == splits - 1:     # acq_rel: the last sees every partial
+            tl.store(count_ptr + tile, 0)                        # ready for the next call
+            acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+            for s in range(splits):                              # fixed order: deterministic, batch-invariant
+                acc += tl.load(part_ptr + s * M * N + at, mask=keep, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=keep)
+    else:
+        tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=keep)
 
 
 # Triton picks the interpreter when the kernels are decorated, so ask the kernel rather than the environment
-_INTERPRETED = type(_w4a16_kernel).__name__ == "InterpretedFunction"
+_EMULATE = type(_w4a16_kernel).__name__ == "InterpretedFunction"
 
 
-def awq_weight(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group: int = GROUP) -> AwqInt4:
-    """Check the AWQ GEMM tensors (shapes, dtypes) and bundle them, contiguous, for w4a16_matmul."""
+def pack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group: int = GROUP) -> PackedInt4:
+    """AWQ GEMM tensors (lib.models.quantize's layout) -> PackedInt4 (the layout above), on their device."""
     K, n8 = qweight.shape
-    if K % group:
-        raise ValueError(f"K={K} is not a multiple of the group size {group}")
-    if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32 or qzeros.shape != (K // group, n8):
-        raise ValueError(f"qweight/qzeros must be int32 of shapes (K, N/8), (K/group, N/8); got "
+    N = n8 * 8
+    if group != 128 or K % 128:
+        raise ValueError(f"the W4A16 kernel takes group size 128 and K a multiple of 128; got group {group}, K={K}")
+    if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32 or qzeros.shape != (K // 128, n8):
+        raise ValueError(f"qweight/qzeros must be int32 of shapes (K, N/8), (K/128, N/8); got "
                          f"{tuple(qweight.shape)} {qweight.dtype}, {tuple(qzeros.shape)} {qzeros.dtype}")
-    if scales.shape != (K // group, n8 * PACK) or scales.dtype not in _MAGIC:
-        raise ValueError(f"scales must be fp16/bf16 of shape {(K // group, n8 * PACK)}, got "
-                         f"{tuple(scales.shape)} {scales.dtype}")
-    return AwqInt4(qweight.contiguous(), qzeros.contiguous(), scales.contiguous(), group)
+    if scales.shape != (K // 128, N) or scales.dtype not in _MAGIC:
+        raise ValueError(f"scales must be fp16/bf16 of shape {(K // 128, N)}, got {tuple(scales.shape)} {scales.dtype}")
+    codes = unpack(qweight).view(K // 128, 2, 4, 8, 2, N).to(torch.int64)   # (b, h, j, r, t, n)
+    shifts = (4 * torch.arange(4, device=codes.device)[:, None] + 16 * torch.arange(2, device=codes.device))
+    words = (codes << shifts[None, None, :, None, :, None]).sum((2, 4))     # disjoint bits: sum == or; (b, h, r, n)
+    words = (words - (words >= 2**31).long() * 2**32).to(torch.int32)       # two's complement
+    return PackedInt4(words.permute(0, 1, 3, 2).reshape(K // 64, N, 8).contiguous(),
+                      unpack(qzeros).to(torch.uint8).contiguous(), scales.contiguous())
 
 
-def dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group: int = GROUP) -> torch.Tensor:
-    """Torch reference: the (K, N) float32 weight the AWQ tensors stand for (quantize.unpack's nibble order)."""
-    w = awq_weight(qweight, qzeros, scales, group)
-    q, z = unpack(w.qweight), unpack(w.qzeros)                   # (K, N), (K/group, N) codes
-    return (q - z.repeat_interleave(group, 0)).float() * w.scales.float().repeat_interleave(group, 0)
+def concat(ws: list[PackedInt4]) -> PackedInt4:
+    """The weights of several projections of the same input side by side (q/k/v, gate/up): one matmul."""
+    return PackedInt4(*(torch.cat(parts, dim=1) for parts in zip(*ws)))
+
+
+def dequantize(w: PackedInt4) -> torch.Tensor:
+    """Torch reference: the (K, N) float32 weight that `w` stands for."""
+    b, n = w.words.shape[0] // 2, w.words.shape[1]
+    shifts = 4 * torch.arange(4, device=w.words.device)[:, None] + 16 * torch.arange(2, device=w.words.device)
+    words = w.words.view(b, 2, n, 8).permute(0, 1, 3, 2)                    # (b, h, r, n)
+    codes = (words[:, :, None, :, None] >> shifts[None, None, :, None, :, None]) & 0xF   # (b, h, j, r, t, n)
+    q = codes.reshape(b * 128, n)
+    return (q - w.zeros.int().repeat_interleave(128, 0)).float() * w.scales.float().repeat_interleave(128, 0)
 
 
 def split_plan(K: int, N: int, tiles: Tiles) -> tuple[int, int]:
     """(split, K per split): from the shape and tiles only, never from M (batch invariance)."""
-    blocks = K // tiles.block_k
-    split = tiles.split_k or min(MAX_SPLIT, triton.cdiv(TARGET_PROGRAMS, triton.cdiv(N, tiles.block_n)))
-    per = triton.cdiv(blocks, max(1, min(split, blocks)))       # K blocks per range
-    return triton.cdiv(blocks, per), per * tiles.block_k        # no empty ranges
+    blocks = K // 128
+    wide = max(triton.cdiv(blocks, BLOCKS_PER_PROGRAM), triton.cdiv(MIN_PROGRAMS, triton.cdiv(N, tiles.block_n)))
+    split = tiles.split_k or min(MAX_SPLIT, wide)
+    per = triton.cdiv(blocks, max(1, min(split, blocks)))       # K-blocks per range
+    return triton.cdiv(blocks, per), per * 128                  # no empty ranges
 
 
-def check_tiles(tiles: Tiles, group: int) -> None:
-    pow2 = all(v >= 16 and v & (v - 1) == 0 for v in (tiles.block_n, tiles.block_k))
-    if not pow2 or group % tiles.block_k:
-        raise ValueError(f"block_n and block_k must be powers of two >= 16 and block_k must divide the group "
-                         f"size {group}; got {tiles}")
-
-
-def w4a16_matmul(x: torch.Tensor, w: AwqInt4, tiles: Tiles = Tiles(), out_dtype: torch.dtype | None = None):
-    """y (M, N) = x (M, K) @ W in fp32 accumulation, as out_dtype (default x's dtype); M in 1..16."""
+def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dtype: torch.dtype | None = None):
+    """y (M, N) = x (M, K) @ W, fp32 accumulation, as out_dtype (default x's dtype)."""
     M, K = x.shape
     N = w.scales.shape[1]
-    if not 1 <= M <= MAX_ROWS:
-        raise ValueError(f"w4a16_matmul takes 1..{MAX_ROWS} rows, got M={M}")
-    if K != w.qweight.shape[0] or x.dtype not in _MAGIC:
-        raise ValueError(f"x must be fp16/bf16 of shape (M, {w.qweight.shape[0]}), got {tuple(x.shape)} {x.dtype}")
-    check_tiles(tiles, w.group)
+    if K != w.words.shape[0] * 64 or x.dtype != w.scales.dtype:
+        raise ValueError(f"x must be {w.scales.dtype} of shape (M, {w.words.shape[0] * 64}), "
+                         f"got {tuple(x.shape)} {x.dtype}")
+    if tiles.block_n not in (64, 128, 256):
+        raise ValueError(f"block_n must be 64, 128 or 256, got {tiles.block_n}")
+    if w.words.stride()[1:] != (8, 1) or w.scales.stride(1) != 1 or w.zeros.stride() != w.scales.stride():
+        raise ValueError("w4a16: the words' (N, 8) rows and the zeros' and scales' rows must be contiguous")
     x = x if x.stride(1) == 1 else x.contiguous()
     split, per = split_plan(K, N, tiles)
+    grid = (triton.cdiv(N, tiles.block_n), split, triton.cdiv(M, ROWS))
     y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
-    dst = y if split == 1 else torch.empty(split, M, N, dtype=torch.float32, device=x.device)
-    _w4a16_kernel[(triton.cdiv(N, tiles.block_n), split)](
-        x, w.qweight, w.qzeros, w.scales, dst, M, N, K, x.stride(0), per, w.group, tiles.block_n,
-        tiles.block_k, _MAGIC[x.dtype], _INTERPRETED,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
-    if split > 1:
-        _reduce_kernel[(triton.cdiv(M * N, 1024),)](dst, y, M * N, split, 1024)
+    part = torch.empty(split, M, N, dtype=torch.float32, device=x.device) if split > 1 else y
+    counters = tile_counters(x.device, grid[0] * grid[2])
+    _w4a16_kernel[grid](x, w.words, w.zeros, w.scales, part, counters, y, M, N, K, x.stride(0), w.words.stride(0),
+                        w.scales.stride(0), per, tiles.block_n, _MAGIC[x.dtype], split > 1, _EMULATE,
+                        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return y
+
+
+_COUNTERS: dict = {}
+
+
+def tile_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Per-device int32 zeros, one per (column, row) tile: how many K ranges have stored their partials. Each call
+    leaves them at zero; made once (at least 64k) outside any CUDA-graph capture (Int4Linear makes them at load)."""
+    have = _COUNTERS.get(device)
+    if have is None or have.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"w4a16: {n} tile counters needed while a CUDA graph is captured; call "
+                               f"tile_counters({device}, {n}) before capturing")
+        _COUNTERS[device] = have = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
+    return have
+
+
+@torch.library.custom_op("study::w4a16_matmul", mutates_args=())
+def _w4a16_op(x: torch.Tensor, words: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return w4a16_matmul(x, PackedInt4(words, zeros, scales))
+
+
+@_w4a16_op.register_fake
+def _(x, words, zeros, scales):
+    return x.new_empty(x.shape[0], scales.shape[1])
+
+
+class Int4Linear(torch.nn.Module):
+    """A bias-free Linear of AWQ int4 weights through w4a16_matmul. A custom op, so torch.compile traces the layer
+    around it without a graph break (`traceable`); `concat` fuses projections of one input."""
+    traceable = True
+
+    def __init__(self, w: PackedInt4):
+        super().__init__()
+        self.in_features, self.out_features = w.words.shape[0] * 64, w.scales.shape[1]
+        for name, t in w._asdict().items():
+            self.register_buffer(name, t)
+        tile_counters(w.words.device, 0)
+
+    @classmethod
+    def from_awq(cls, module) -> "Int4Linear":
+        """From a loaded AWQ module (gptqmodel's: qweight, qzeros, scales, group_size; no bias)."""
+        if getattr(module, "bias", None) is not None:
+            raise ValueError(f"{type(module).__name__} has a bias; the W4A16 backend takes bias-free projections")
+        return cls(pack_awq(module.qweight, module.qzeros, module.scales, getattr(module, "group_size", GROUP)))
+
+    @classmethod
+    def concat(cls, modules) -> "Int4Linear":
+        """One module for `modules` side by side; they keep views of its tensors, so nothing is duplicated."""
+        fused = cls(concat([m.packed for m in modules]))
+        start = 0
+        for m in modules:
+            cols = slice(start, start + m.out_features)
+            m.words, m.zeros, m.scales = fused.words[:, cols], fused.zeros[:, cols], fused.scales[:, cols]
+            start = cols.stop
+        return fused
+
+    @property
+    def packed(self) -> PackedInt4:
+        return PackedInt4(self.words, self.zeros, self.scales)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.study.w4a16_matmul(x.reshape(-1, self.in_features), self.words, self.zeros, self.scales)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def swap_awq_modules(model) -> int:
+    """Replace every loaded AWQ module of `model` (gptqmodel's: qweight, qzeros, scales) by an Int4Linear on the same
+    weights, freeing the AWQ tensors as it goes; returns how many were swapped."""
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if all(hasattr(child, t) for t in ("qweight", "qzeros", "scales")):
+                setattr(parent, name, Int4Linear.from_awq(child))
+                swapped += 1
+    return swapped
