@@ -479,3 +479,23 @@ def test_draft_step_table_reads_bandwidth_and_shares_from_microbench():
     assert t.loc["FlashHead", "% of bandwidth"] == pytest.approx(100 * 0.3 / 0.7)
     assert t.loc["dense", "head share of step"] == pytest.approx(0.2) and t.loc["dense", "block ms per token"] == 0.7
     assert t.loc["dense / FlashHead", "step ms (fused)"] == pytest.approx(0.8 / 0.7)
+
+
+def test_int4_kernel_table_sums_a_layer_and_relates_to_the_floor():
+    from lib.report.figures import int4_kernel_plot
+    from lib.report.micro import int4_kernel_frame, int4_kernel_table
+
+    def row(ms):
+        return {k: {"p50_ms": v, "mean_ms": v, "p95_ms": v, "bytes": 100, "rel_err": 1e-4} for k, v in ms.items()}
+    int4 = {"shapes": {"o": {"floor_ms": 0.01, "rows": {"1": row({"w4a16": 0.02, "marlin": 0.04}),
+                                                         "8": row({"w4a16": 0.025, "marlin": 0.05})}},
+                       "down": {"floor_ms": 0.03, "rows": {"1": row({"w4a16": 0.05, "marlin": 0.06}),
+                                                            "8": row({"w4a16": 0.06, "marlin": 0.07})}}}}
+    tab = int4_kernel_table(int4)
+    assert tab.loc[("layer (sum)", 1), "w4a16"] == pytest.approx(0.07)
+    assert tab.loc[("layer (sum)", 8), "floor ms"] == pytest.approx(0.04)
+    assert tab.loc[("o", 1), "w4a16 % of bandwidth"] == pytest.approx(50.0)
+    assert tab.loc[("down", 8), "w4a16 / marlin"] == pytest.approx(0.06 / 0.07)
+    assert len(int4_kernel_frame(int4)) == 8
+    grid = int4_kernel_plot(int4_kernel_frame(int4))
+    assert set(grid.axes_dict) == {"o", "down"}

@@ -146,6 +146,18 @@ def probe_sweep_plot(micro: dict):
     return ax
 
 
+def int4_kernel_plot(frame: pd.DataFrame):
+    """Notebook 02: per-call time of each W4A16 kernel against activation rows, one panel per projection
+    (lib.report.micro.int4_kernel_frame), the int4 floor dashed."""
+    grid = sns.relplot(frame, x="rows", y="p50 ms", hue="kernel", col="projection", kind="line", marker="o",
+                       height=2.6, aspect=1.0, facet_kws={"sharey": False})
+    for shape, ax in grid.axes_dict.items():
+        ax.axhline(frame.loc[frame["projection"] == shape, "floor ms"].iloc[0], color="k", ls="--", lw=1)
+        ax.set(xscale="log", xticks=[1, 2, 4, 8, 16], xticklabels=["1", "2", "4", "8", "16"])
+    grid.figure.suptitle("W4A16 kernels: ms per call against rows (dashed: the int4 floor)", y=1.04)
+    return grid
+
+
 def exit_depth_plot(table: pd.DataFrame, exit_layer: int):
     """Notebook 02: the early-exit draft's acceptance and PROJECTED speedups against its exit layer
     (lib.study.exit_depth's table), the profile's exit layer dashed."""

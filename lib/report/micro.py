@@ -56,3 +56,27 @@ def breakdown_table(breakdown: dict) -> pd.DataFrame:
     kinds.loc["total (us)"] = [breakdown[k]["total_us"] for k in kinds.columns]
     kinds.loc["launches per step"] = [breakdown[k]["launches"] for k in kinds.columns]
     return kinds
+
+
+def int4_kernel_frame(int4: dict) -> pd.DataFrame:
+    """int4_kernels.json in long form: one row per (projection, rows, kernel) with its p50/mean/p95 ms, GB/s of
+    the bytes it reads, relative error against the fp32 dequantised product, and the shape's int4 floor."""
+    recs = [{"projection": shape, "rows": int(m), "kernel": kernel, "floor ms": s["floor_ms"], **r}
+            for shape, s in int4["shapes"].items() for m, row in s["rows"].items() for kernel, r in row.items()]
+    return pd.DataFrame(recs).rename(columns={"p50_ms": "p50 ms", "mean_ms": "mean ms", "p95_ms": "p95 ms"})
+
+
+def int4_kernel_table(int4: dict) -> pd.DataFrame:
+    """Per projection and row count: each kernel's p50 ms, the int4 floor, this study's kernel's GB/s and share of
+    the bandwidth, and its time over marlin's and the dense fp16 GEMM's; a `layer` row sums the four projections."""
+    df = int4_kernel_frame(int4)
+    tab = df.pivot_table(index=["projection", "rows"], columns="kernel", values="p50 ms", sort=False)
+    floor = df.groupby(["projection", "rows"], sort=False)["floor ms"].first()
+    layer = tab.groupby(level="rows").sum()
+    tab = pd.concat([tab, pd.concat({"layer (sum)": layer})])
+    tab["floor ms"] = pd.concat([floor, pd.concat({"layer (sum)": floor.groupby(level="rows").sum()})])
+    tab["w4a16 % of bandwidth"] = 100 * tab["floor ms"] / tab["w4a16"]
+    for other in ("marlin", "dense_fp16"):
+        if other in tab:
+            tab[f"w4a16 / {other}"] = tab["w4a16"] / tab[other]
+    return tab
