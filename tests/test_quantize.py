@@ -97,7 +97,7 @@ def test_writer_frees_the_dense_layers(tmp_path):
 def test_profile_validation():
     p = load_profile("h100awq")
     s = p.models.synthetic
-    assert (s.target_quant, s.save_target, p.dtype, p.models.awq_backend) == ("awq", True, "float16", "marlin")
+    assert (s.target_quant, s.save_target, p.dtype, p.models.awq_backend) == ("awq", True, "float16", "triton_w4a16")
     assert s.target == Shape(5120, s.target.num_hidden_layers, 64, 8, 128, 25600)
     for bad, msg in [(replace(p, dtype="bfloat16"), "needs dtype float16"),
                      (replace(p, models=replace(p.models, synthetic=replace(s, save_target=False))), "save_target"),
