@@ -257,7 +257,10 @@ class Int4Linear(torch.nn.Module):
         return PackedInt4(self.words, self.zeros, self.scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.study.w4a16_matmul(x.reshape(-1, self.in_features), self.words, self.zeros, self.scales)
+        # inference only: the op has no gradient, so x is detached (a compiled layer whose inputs require grad
+        # would otherwise trace a backward through it)
+        x2 = x.detach().reshape(-1, self.in_features)
+        y = torch.ops.study.w4a16_matmul(x2, self.words, self.zeros, self.scales)
         return y.view(*x.shape[:-1], self.out_features)
 
 
