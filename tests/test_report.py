@@ -499,3 +499,10 @@ def test_int4_kernel_table_sums_a_layer_and_relates_to_the_floor():
     assert len(int4_kernel_frame(int4)) == 8
     grid = int4_kernel_plot(int4_kernel_frame(int4))
     assert set(grid.axes_dict) == {"o", "down"}
+
+
+def test_int4_kernel_failure_is_recorded_not_raised():
+    """Each W4A16 kernel runs in its own process: one that fails gives its last error line, and the caller goes on."""
+    from lib.study.int4_kernels import _in_subprocess
+    got, error = _in_subprocess("no_such_kernel", {"o": [256, 128]}, "cpu", 1)
+    assert got == {} and error.startswith("KeyError") and "no_such_kernel" in error

@@ -5,7 +5,12 @@ zero point), CUDA-graph replays of 20 calls cycling over enough weight copies (>
 HBM, not L2. A kernel that cannot run here is listed with its error, never replaced by another."""
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -105,51 +110,73 @@ def graphed(make, x: torch.Tensor, copies: int):
     return graph.replay
 
 
-def shape_bench(name: str, K: int, N: int, dev, iters: int) -> dict:
-    """Every kernel at every row count on one projection shape: per-call ms, GB/s, error, invariance."""
-    awq = random_awq(K, N, dev)
-    calls = kernel_calls(awq, K, N)
-    int4 = K * N // 2 + awq[2].numel() * 2 + awq[1].numel() * 4                    # packed codes, scales, zeros
-    ref_w = unpack(awq[0]).float().sub_(unpack(awq[1]).float().repeat_interleave(GROUP, 0))
-    ref_w.mul_(awq[2].float().repeat_interleave(GROUP, 0))                          # (K, N) fp32
-    x16 = torch.randn(16, K, device=dev, dtype=torch.float16)
-    out = {"K": K, "N": N, "int4_bytes": int4, "rows": {}, "unavailable": {}}
-    alone = calls["w4a16"](x16)
-    for m in ROWS:
-        x = x16[:m].contiguous()
-        ref, fns, row = x.float() @ ref_w, {}, {}
-        for kernel, make in calls.items():
-            if kernel in out["unavailable"]:
-                continue
-            nbytes = K * N * 2 if kernel == "dense_fp16" else int4
-            try:
-                y = make(x)().float()
-                row[kernel] = {"bytes": nbytes, "rel_err": float((y - ref).norm() / ref.norm())}
-                fns[kernel] = graphed(make, x, min(CALLS, math.ceil(256e6 / nbytes)))
-            except Exception as e:                                                   # noqa: BLE001 - recorded
-                out["unavailable"][kernel] = f"{type(e).__name__}: {e}"[:300]
-        # batch invariance: each row of this m-row call is bitwise that row of the 16-row call
-        row["w4a16"]["batch_invariant"] = bool(torch.equal(calls["w4a16"](x)(), alone()[:m]))
-        for kernel, ms in bench.interleaved(fns, 3, iters, dev).items():
-            st = bench.stats([t / CALLS for t in ms])
-            row[kernel].update(st, GBps=row[kernel]["bytes"] / st["p50_ms"] / 1e6)
-        out["rows"][str(m)] = row
+def kernel_bench(kernel: str, shapes: dict, dev, iters: int) -> dict:
+    """One kernel on every projection shape at every row count: per-call ms (p50, mean, p95), GB/s, relative error
+    against the fp32 product of the dequantised weights; for this study's kernel also batch invariance. The same
+    random weights in every process (seeded per shape)."""
+    out = {}
+    for name, (K, N) in shapes.items():
+        torch.manual_seed(K * 7 + N)
+        awq = random_awq(K, N, dev)
+        make = kernel_calls(awq, K, N)[kernel]
+        nbytes = K * N * 2 if kernel == "dense_fp16" else K * N // 2 + awq[2].numel() * 2 + awq[1].numel() * 4
+        ref_w = unpack(awq[0]).float().sub_(unpack(awq[1]).float().repeat_interleave(GROUP, 0))
+        ref_w.mul_(awq[2].float().repeat_interleave(GROUP, 0))                      # (K, N) fp32
+        x16 = torch.randn(16, K, device=dev, dtype=torch.float16)
+        rows = out[name] = {}
+        for m in ROWS:
+            x = x16[:m].contiguous()
+            ref, y = x.float() @ ref_w, make(x)().float()
+            row = rows[str(m)] = {"bytes": nbytes, "rel_err": float((y - ref).norm() / ref.norm())}
+            if kernel == "w4a16":                      # each row of this m-row call is bitwise the 16-row call's
+                row["batch_invariant"] = bool(torch.equal(make(x)(), make(x16)()[:m]))
+            replay = graphed(make, x, min(CALLS, math.ceil(256e6 / nbytes)))
+            st = bench.stats([t / CALLS for t in bench.time_calls(replay, 3, iters, dev)])
+            row.update(st, GBps=nbytes / st["p50_ms"] / 1e6)
+        del make, ref_w
+        torch.cuda.empty_cache()
     return out
 
 
 def int4_kernel_bench(profile: Profile, iters: int = 30) -> dict | None:
     """The table of the module docstring for a CUDA profile with an AWQ target, saved as int4_kernels.json; None
-    elsewhere. The floor of a shape: its int4 bytes at the measured copy bandwidth."""
+    elsewhere. Each kernel runs in its own process, so one that fails (an import, an illegal memory access)
+    is recorded with its last error line and cannot stop the others; kernels are timed one after the other,
+    not interleaved. The floor of a shape: its int4 bytes at the measured copy bandwidth."""
     quant = profile.models.source != "synthetic" or profile.models.synthetic.target_quant == "awq"
     dev = torch.device(profile.target_device)
     if dev.type != "cuda" or not quant:
         return None
+    shapes = projection_shapes(profile)
     bw = bench.copy_bandwidth(dev)
     result = {"device": bench.device_name(dev), "copy_GBps": bw / 1e9, "activations": "float16 (tinygemm: bfloat16)",
-              "shapes": {}}
-    for name, (K, N) in projection_shapes(profile).items():
-        shape = result["shapes"][name] = shape_bench(name, K, N, dev, iters)
-        shape["floor_ms"] = shape["int4_bytes"] / bw * 1e3
-        torch.cuda.empty_cache()
+              "shapes": {name: {"K": K, "N": N, "floor_ms": (K * N // 2 + K // GROUP * N * 2.5) / bw * 1e3,
+                                "rows": {str(m): {} for m in ROWS}, "unavailable": {}}
+                         for name, (K, N) in shapes.items()}}
+    for kernel in KERNELS:
+        got, error = _in_subprocess(kernel, shapes, str(dev), iters)
+        for name, shape in result["shapes"].items():
+            if error:
+                shape["unavailable"][kernel] = error
+            else:
+                for m, row in got[name].items():
+                    shape["rows"][m][kernel] = row
     save_json(profile, "int4_kernels.json", result)
     return result
+
+
+def _in_subprocess(kernel: str, shapes: dict, device: str, iters: int) -> tuple[dict, str]:
+    """(kernel_bench's result, "") from `python -m lib.study.int4_kernels`, or ({}, its last error line)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        args = [sys.executable, "-m", "lib.study.int4_kernels", kernel, json.dumps(shapes), device, str(iters), str(out)]
+        proc = subprocess.run(args, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+        if proc.returncode == 0 and out.exists():
+            return json.loads(out.read_text()), ""
+        lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
+        return {}, (lines[-1] if lines else f"exit code {proc.returncode}")[:300]
+
+
+if __name__ == "__main__":                                 # one kernel, in its own process (int4_kernel_bench)
+    kernel, shapes, device, iters, path = sys.argv[1:6]
+    Path(path).write_text(json.dumps(kernel_bench(kernel, json.loads(shapes), torch.device(device), int(iters))))
