@@ -24,14 +24,14 @@ from ..report.thesis import micro_tables  # noqa: F401
 from .common import setup  # noqa: F401
 
 
-def head_and_step_bench(profile: Profile) -> dict:
+def head_and_step_bench(profile: Profile, prepared: tuple | None = None) -> dict:
     """Thesis 4.1-4.4: single-step head latency (same hidden state) and complete draft decode step,
     dense vs FlashHead, plus head latency against the probe count. Alternating order, warm-up first.
     On a GPU also: the same steps through the reference path (the fused kernels off), a round's whole
-    proposal block as one graph replay, and which decode path each draft ran."""
+    proposal block as one graph replay, and which decode path each draft ran. `prepared`: step_drafts(profile),
+    made here when not given (notebook 02 makes it once for this and draft_step_breakdown)."""
     b = profile.bench
-    ensure_flash_checkpoint(profile)
-    drafts, x, pos = step_drafts(profile)
+    drafts, x, pos = prepared or step_drafts(profile)
     dense, flash = drafts[modes.DENSE], drafts[modes.FLASH]
     dev = dense.runner.device
     h = flash.runner.forward(x, pos)[:, -1].clone()                                # the same hidden state
@@ -58,6 +58,7 @@ def step_drafts(profile: Profile) -> tuple[dict, torch.Tensor, int]:
     """The dense and FlashHead drafts, on a GPU also through the reference path (dense_reference,
     flash_reference: the fused kernels off), each prefilled with the first prompt; and the step's input:
     the prompt's last token (1,1) fed again at the prompt's end."""
+    ensure_flash_checkpoint(profile)
     drafts = engines.build_drafts(profile, (modes.DENSE, modes.FLASH))
     dev = drafts[modes.DENSE].runner.device
     if dev.type == "cuda":
@@ -81,12 +82,12 @@ def block_bench(profile: Profile, drafts: dict, x: torch.Tensor, pos: int) -> di
     return {"k": k, **{name: bench.stats(ms) for name, ms in raw.items()}}
 
 
-def draft_step_breakdown(profile: Profile) -> dict:
+def draft_step_breakdown(profile: Profile, prepared: tuple | None = None) -> dict:
     """Where one draft step (body + head, as the engine calls it) spends its time, dense and FlashHead (on a GPU
     also through the reference path): the profiler's kernels, grouped by kind (lib.bench.kernel_breakdown).
     Saved in step_breakdown.json. The fused kernels overlap (programmatic dependent launch): their summed
-    times can exceed the step's."""
-    drafts, x, pos = step_drafts(profile)
+    times can exceed the step's. `prepared`: as for head_and_step_bench."""
+    drafts, x, pos = prepared or step_drafts(profile)
     out = {f"draft_{name}": bench.breakdown(lambda d=d: d.head(d.runner.forward(x, pos)[:, -1]), x.device)
            for name, d in drafts.items()}
     merged = update_json(profile, "step_breakdown.json", out)
