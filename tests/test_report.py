@@ -505,4 +505,4 @@ def test_int4_kernel_failure_is_recorded_not_raised():
     """Each W4A16 kernel runs in its own process: one that fails gives its last error line, and the caller goes on."""
     from lib.study.int4_kernels import _in_subprocess
     got, error = _in_subprocess("no_such_kernel", {"o": [256, 128]}, "cpu", 1)
-    assert got == {} and error.startswith("KeyError") and "no_such_kernel" in error
+    assert got == {} and "KeyError" in error and "no_such_kernel" in error

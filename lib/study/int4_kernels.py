@@ -18,7 +18,7 @@ from .. import bench
 from ..config import Profile
 from ..engine.runner import capture
 from ..models import checkpoints
-from ..models.quantize import GROUP, unpack
+from ..models.quantize import GROUP, dequantize, unpack
 from ..results import save_json
 
 ROWS = (1, 2, 4, 8, 16)
@@ -46,25 +46,29 @@ def random_awq(K: int, N: int, device) -> tuple:
     return qweight, qzeros, (torch.rand(K // GROUP, N, device=device) * 0.01 + 0.002).half()
 
 
-def kernel_calls(awq: tuple, K: int, N: int) -> dict:
-    """{kernel: make(x) -> call}; each make holds its own copy of the weights and raises where the kernel is
-    unavailable."""
-    return {"w4a16": _w4a16(awq), "marlin": _marlin(awq, K, N), "tinygemm": _tinygemm(awq),
-            "gemlite": _gemlite(awq, K, N), "dense_fp16": _dense(awq)}
+def kernel_call(kernel: str, awq: tuple, K: int, N: int):
+    """make(x) -> call for one kernel; each make holds its own copy of the weights and raises where the kernel is
+    unavailable (a missing package: only when called)."""
+    return {"w4a16": _w4a16, "marlin": _marlin, "tinygemm": _tinygemm, "gemlite": _gemlite,
+            "dense_fp16": _dense}[kernel](awq, K, N)
 
 
-def _w4a16(awq: tuple):
-    from ..models import w4a16
+def dequantized(awq: tuple) -> torch.Tensor:
+    """The (K, N) fp32 weight the AWQ tensors stand for."""
+    return dequantize(*awq).t()
+
+
+def _w4a16(awq: tuple, K: int, N: int):
     def make(x):
+        from ..models import w4a16                      # Triton
         packed = w4a16.pack_awq(*awq)
         return lambda: w4a16.w4a16_matmul(x, packed)
     return make
 
 
-def _dense(awq: tuple):
-    from ..models import w4a16
+def _dense(awq: tuple, K: int, N: int):
     def make(x):
-        w = w4a16.dequantize(w4a16.pack_awq(*awq)).half()
+        w = dequantized(awq).half()
         return lambda: x @ w
     return make
 
@@ -81,7 +85,7 @@ def _marlin(awq: tuple, K: int, N: int):
     return make
 
 
-def _tinygemm(awq: tuple):
+def _tinygemm(awq: tuple, K: int, N: int):
     """torch's int4 mm (bf16 activations only): (q - z) s = (q - 8) s + (8 - z) s, codes packed two to a byte."""
     def make(x):
         q, z, s = unpack(awq[0]).t().contiguous(), unpack(awq[1]), awq[2].float()
@@ -118,10 +122,9 @@ def kernel_bench(kernel: str, shapes: dict, dev, iters: int) -> dict:
     for name, (K, N) in shapes.items():
         torch.manual_seed(K * 7 + N)
         awq = random_awq(K, N, dev)
-        make = kernel_calls(awq, K, N)[kernel]
+        make = kernel_call(kernel, awq, K, N)
         nbytes = K * N * 2 if kernel == "dense_fp16" else K * N // 2 + awq[2].numel() * 2 + awq[1].numel() * 4
-        ref_w = unpack(awq[0]).float().sub_(unpack(awq[1]).float().repeat_interleave(GROUP, 0))
-        ref_w.mul_(awq[2].float().repeat_interleave(GROUP, 0))                      # (K, N) fp32
+        ref_w = dequantized(awq)                                                    # (K, N) fp32
         x16 = torch.randn(16, K, device=dev, dtype=torch.float16)
         rows = out[name] = {}
         for m in ROWS:
