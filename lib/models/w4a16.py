@@ -123,8 +123,8 @@ def _w4a16_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, count_ptr, out_ptr, M, N
         if tl.atomic_add(count_ptr + tile, 1) == splits - 1:     # acq_rel: the last sees every partial
             tl.store(count_ptr + tile, 0)                        # ready for the next call
             acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
-            for s in range(splits):                              # fixed order: deterministic, batch-invariant
-                acc += tl.load(part_ptr + s * M * N + at, mask=keep, other=0.0, cache_modifier=".cg")
+            for kr in range(splits):                             # fixed order: deterministic, batch-invariant
+                acc += tl.load(part_ptr + kr * M * N + at, mask=keep, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=keep)
     else:
         tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=keep)
