@@ -506,3 +506,12 @@ def test_int4_kernel_failure_is_recorded_not_raised():
     from lib.study.int4_kernels import _in_subprocess
     got, error = _in_subprocess("no_such_kernel", {"o": [256, 128]}, "cpu", 1)
     assert got == {} and "KeyError" in error and "no_such_kernel" in error
+
+
+def test_int4_kernel_table_only_for_awq_targets():
+    from lib.config import load_profile
+    from lib.study.int4_kernels import awq_projection_shapes, int4_bytes
+    shapes = awq_projection_shapes(load_profile("h100awq"))
+    assert shapes == {"qkv": (5120, 10240), "o": (8192, 5120), "gate_up": (5120, 51200), "down": (25600, 5120)}
+    assert awq_projection_shapes(load_profile("h100")) is None and awq_projection_shapes(load_profile("smollm2")) is None
+    assert int4_bytes(256, 64) == 256 * 64 // 2 + 2 * 64 * 2 + 2 * 64 // 2      # codes, fp16 scales, 4-bit zeros

@@ -276,15 +276,16 @@ def fuse_projections(layer) -> dict:
     out = {}
     for name, group in groups.items():
         if "fused_" + name not in layer.__dict__:                                           # else a second runner
-            sizes = [m.weight.shape[0] if plain else m.out_features for m in group]
-            layer.__dict__["fused_" + name] = (_concat_weights(group) if plain else type(group[0]).concat(group), sizes)
+            sizes = [m.out_features for m in group]
+            layer.__dict__["fused_" + name] = (_concat_weights(group, sizes) if plain else type(group[0]).concat(group),
+                                               sizes)
         out[name], out[name + "_sizes"] = layer.__dict__["fused_" + name]
     return out
 
 
-def _concat_weights(group) -> torch.Tensor:
+def _concat_weights(group, sizes: list[int]) -> torch.Tensor:
     fused = torch.cat([m.weight.data for m in group])
-    for m, w in zip(group, fused.split([m.weight.shape[0] for m in group])):
+    for m, w in zip(group, fused.split(sizes)):
         m.weight.data = w
     return fused
 

@@ -44,8 +44,12 @@ def pack(q: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"AWQ packing needs a multiple of {PACK} columns, got {cols}")
     q = q.to(torch.int64).view(rows, cols // PACK, PACK)[..., list(AWQ_ORDER)]
     shifts = torch.arange(0, 32, BITS, device=q.device, dtype=torch.int64)
-    packed = (q << shifts).sum(-1)                                                     # disjoint bits: sum == or
-    return (packed - (packed >= 2**31).long() * 2**32).to(torch.int32)                # two's complement int32
+    return as_int32((q << shifts).sum(-1))                                             # disjoint bits: sum == or
+
+
+def as_int32(packed: torch.Tensor) -> torch.Tensor:
+    """Unsigned 32-bit words held in int64 -> the int32 with the same bits (two's complement)."""
+    return (packed - (packed >= 2**31).long() * 2**32).to(torch.int32)
 
 
 def unpack(p: torch.Tensor) -> torch.Tensor:

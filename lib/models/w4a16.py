@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .quantize import GROUP, unpack
+from .quantize import GROUP, as_int32, unpack
 
 ROWS = 16                          # activation rows of one program (the wgmma's N)
 # split-K (one H200, Triton 3.6, Qwen3-32B decode shapes): about 10 K-blocks a program and at least about 640
@@ -146,11 +146,15 @@ def pack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, 
     if scales.shape != (K // 128, N) or scales.dtype not in _MAGIC:
         raise ValueError(f"scales must be fp16/bf16 of shape {(K // 128, N)}, got {tuple(scales.shape)} {scales.dtype}")
     codes = unpack(qweight).view(K // 128, 2, 4, 8, 2, N).to(torch.int64)   # (b, h, j, r, t, n)
-    shifts = (4 * torch.arange(4, device=codes.device)[:, None] + 16 * torch.arange(2, device=codes.device))
-    words = (codes << shifts[None, None, :, None, :, None]).sum((2, 4))     # disjoint bits: sum == or; (b, h, r, n)
-    words = (words - (words >= 2**31).long() * 2**32).to(torch.int32)       # two's complement
+    words = as_int32((codes << _shifts(codes.device)).sum((2, 4)))          # disjoint bits: sum == or; (b, h, r, n)
     return PackedInt4(words.permute(0, 1, 3, 2).reshape(K // 64, N, 8).contiguous(),
                       unpack(qzeros).to(torch.uint8).contiguous(), scales.contiguous())
+
+
+def _shifts(device) -> torch.Tensor:
+    """Bit offset 4j + 16t of chunk j's code for K position 2r + t in a word, shaped for (b, h, j, r, t, n)."""
+    j, t = torch.arange(4, device=device), torch.arange(2, device=device)
+    return (4 * j[:, None] + 16 * t)[None, None, :, None, :, None]
 
 
 def concat(ws: list[PackedInt4]) -> PackedInt4:
@@ -161,9 +165,8 @@ def concat(ws: list[PackedInt4]) -> PackedInt4:
 def dequantize(w: PackedInt4) -> torch.Tensor:
     """Torch reference: the (K, N) float32 weight that `w` stands for."""
     b, n = w.words.shape[0] // 2, w.words.shape[1]
-    shifts = 4 * torch.arange(4, device=w.words.device)[:, None] + 16 * torch.arange(2, device=w.words.device)
     words = w.words.view(b, 2, n, 8).permute(0, 1, 3, 2)                    # (b, h, r, n)
-    codes = (words[:, :, None, :, None] >> shifts[None, None, :, None, :, None]) & 0xF   # (b, h, j, r, t, n)
+    codes = (words[:, :, None, :, None] >> _shifts(words.device)) & 0xF     # (b, h, j, r, t, n)
     q = codes.reshape(b * 128, n)
     return (q - w.zeros.int().repeat_interleave(128, 0)).float() * w.scales.float().repeat_interleave(128, 0)
 

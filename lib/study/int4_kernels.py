@@ -26,17 +26,28 @@ CALLS = 20                                                  # calls in one graph
 KERNELS = ("w4a16", "marlin", "tinygemm", "gemlite", "dense_fp16")
 
 
-def projection_shapes(profile: Profile) -> dict[str, tuple[int, int]]:
-    """(K, N) of the target's fused q/k/v, o, fused gate/up and down projections."""
+def awq_projection_shapes(profile: Profile) -> dict[str, tuple[int, int]] | None:
+    """(K, N) of an AWQ target's fused q/k/v, o, fused gate/up and down projections; None for any other target."""
     if profile.models.source == "synthetic":
         s = profile.models.synthetic.target
+        if s is None or profile.models.synthetic.target_quant != "awq":
+            return None
         d, hd, heads, kv, inter = s.hidden_size, s.head_dim, s.num_attention_heads, s.num_key_value_heads, s.intermediate_size
-    else:
+    elif profile.models.source == "pretrained":
         from transformers import AutoConfig
         c = AutoConfig.from_pretrained(checkpoints.model_path(profile, "target"))
+        if (getattr(c, "quantization_config", None) or {}).get("quant_method") != "awq":
+            return None
         d, heads, kv, inter = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size
         hd = getattr(c, "head_dim", None) or d // heads
+    else:                                                   # gguf: never AWQ
+        return None
     return {"qkv": (d, (heads + 2 * kv) * hd), "o": (heads * hd, d), "gate_up": (d, 2 * inter), "down": (inter, d)}
+
+
+def int4_bytes(K: int, N: int) -> int:
+    """Bytes of an AWQ (K, N) weight: 4-bit codes, an fp16 scale and a 4-bit zero point per group and column."""
+    return K * N // 2 + K // GROUP * N * 5 // 2
 
 
 def random_awq(K: int, N: int, device) -> tuple:
@@ -123,20 +134,21 @@ def kernel_bench(kernel: str, shapes: dict, dev, iters: int) -> dict:
         torch.manual_seed(K * 7 + N)
         awq = random_awq(K, N, dev)
         make = kernel_call(kernel, awq, K, N)
-        nbytes = K * N * 2 if kernel == "dense_fp16" else K * N // 2 + awq[2].numel() * 2 + awq[1].numel() * 4
+        nbytes = K * N * 2 if kernel == "dense_fp16" else int4_bytes(K, N)
         ref_w = dequantized(awq)                                                    # (K, N) fp32
         x16 = torch.randn(16, K, device=dev, dtype=torch.float16)
+        y16 = make(x16)() if kernel == "w4a16" else None                          # for batch invariance
         rows = out[name] = {}
         for m in ROWS:
             x = x16[:m].contiguous()
-            ref, y = x.float() @ ref_w, make(x)().float()
-            row = rows[str(m)] = {"bytes": nbytes, "rel_err": float((y - ref).norm() / ref.norm())}
+            ref, y = x.float() @ ref_w, make(x)()
+            row = rows[str(m)] = {"bytes": nbytes, "rel_err": float((y.float() - ref).norm() / ref.norm())}
             if kernel == "w4a16":                      # each row of this m-row call is bitwise the 16-row call's
-                row["batch_invariant"] = bool(torch.equal(make(x)(), make(x16)()[:m]))
+                row["batch_invariant"] = bool(torch.equal(y, y16[:m]))
             replay = graphed(make, x, min(CALLS, math.ceil(256e6 / nbytes)))
             st = bench.stats([t / CALLS for t in bench.time_calls(replay, 3, iters, dev)])
             row.update(st, GBps=nbytes / st["p50_ms"] / 1e6)
-        del make, ref_w
+        del make, ref_w, y16
         torch.cuda.empty_cache()
     return out
 
@@ -146,14 +158,13 @@ def int4_kernel_bench(profile: Profile, iters: int = 30) -> dict | None:
     elsewhere. Each kernel runs in its own process, so one that fails (an import, an illegal memory access)
     is recorded with its last error line and cannot stop the others; kernels are timed one after the other,
     not interleaved. The floor of a shape: its int4 bytes at the measured copy bandwidth."""
-    quant = profile.models.source != "synthetic" or profile.models.synthetic.target_quant == "awq"
     dev = torch.device(profile.target_device)
-    if dev.type != "cuda" or not quant:
+    shapes = awq_projection_shapes(profile) if dev.type == "cuda" else None
+    if shapes is None:
         return None
-    shapes = projection_shapes(profile)
     bw = bench.copy_bandwidth(dev)
     result = {"device": bench.device_name(dev), "copy_GBps": bw / 1e9, "activations": "float16 (tinygemm: bfloat16)",
-              "shapes": {name: {"K": K, "N": N, "floor_ms": (K * N // 2 + K // GROUP * N * 2.5) / bw * 1e3,
+              "shapes": {name: {"K": K, "N": N, "floor_ms": int4_bytes(K, N) / bw * 1e3,
                                 "rows": {str(m): {} for m in ROWS}, "unavailable": {}}
                          for name, (K, N) in shapes.items()}}
     for kernel in KERNELS:
