@@ -23,12 +23,12 @@ Kernel (decode on an H100 is memory-bound; the int4 -> float work must stay unde
   * split-K: program (n, s, m) covers columns n*BLOCK_N .., the s-th range of K-blocks, rows 16m ..; with
     several ranges each writes fp32 partials (split, M, N), and the last to finish (a counter per tile) adds
     them in the order s = 0, 1, ...: deterministic, one launch. The split comes from (N, K) only, never from M.
-  * programmatic dependent launch (sm_90+): the kernel is launched while the one before it still runs, lets the
-    next launch at once, and before it waits for the previous kernel's writes (its x) it asks L2 for its first
-    K-blocks of weights, which no kernel writes: the ramp of each matmul overlaps the tail of the kernel before.
 Measured: compiled for sm_90a (offline, Triton 3.9, ptxas 12.9) the inner loop issues about 2.6 instructions per
 weight (the AWQ-layout kernel before it: 7.2, with shared-memory round trips for the layout); on one H200 (Triton
 3.6) the Qwen3-32B projections ran at 52-80 % of the copy bandwidth at one row, at most 7 % slower at 8 (README).
+Tried and dropped (one H100, h100awq target step, interleaved): programmatic dependent launch, each matmul
+launched during the kernel before it and prefetching its first K-blocks of weights into L2: 12.32 ms a step
+without the prefetch, 12.63 with 2 K-blocks, 12.92 with 4, against 12.24 ms with plain launches.
 Under TRITON_INTERPRET=1 (CPU) inline PTX cannot run, so there the same q - z come from integer arithmetic and
 the products are summed in fp32 (`_EMULATE`).
 """
@@ -66,8 +66,6 @@ class Tiles:
     split_k: int | None = None     # K ranges (None: from N and K, see split_plan)
     num_warps: int = 4
     num_stages: int = 3
-    pdl: bool = True               # programmatic dependent launch where the GPU has it (sm_90+): a program starts
-    prefetch_blocks: int = 2       # while the previous kernel ends and pulls this many K-blocks of its weights into L2
 
 
 @triton.jit
@@ -86,34 +84,17 @@ def _pair(p, zz, DT: tl.constexpr, EMULATE: tl.constexpr):
             "=h,=h,r,r", [p, zz], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
 
 
-@triton.jit
-def _prefetch_l2(w_ptr, row0, row_end, col0, row_len, stride_w, ROWS: tl.constexpr, LINES: tl.constexpr):
-    """Ask L2 for the 128-byte lines of words [row0, row_end) x [col0, col0 + 32 LINES) (int32 elements)."""
-    r = row0 + tl.arange(0, ROWS)[:, None]
-    c = col0 + 32 * tl.arange(0, LINES)[None, :]
-    at = tl.where((r < row_end) & (c < row_len), r.to(tl.int64) * stride_w + c, 0)   # out of range: a valid line
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [w_ptr + at], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
 @triton.jit(do_not_specialize=["M"])                            # one compiled kernel for every M (M == 1 too)
 def _w4a16_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, count_ptr, out_ptr, M, N, K, stride_xm, stride_w, stride_g,
-                  k_per_split, BLOCK_N: tl.constexpr, MAGIC: tl.constexpr, SPLIT: tl.constexpr, EMULATE: tl.constexpr,
-                  PDL: tl.constexpr, PREFETCH: tl.constexpr):
+                  k_per_split, BLOCK_N: tl.constexpr, MAGIC: tl.constexpr, SPLIT: tl.constexpr, EMULATE: tl.constexpr):
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    k_start = pid_k * k_per_split
-    if PDL:                                                      # launched while the previous kernel still runs
-        tl.extra.cuda.gdc_launch_dependents()                    # (the next one waits for our end to read)
-        if PREFETCH > 0:                                         # no kernel writes weights: start on ours now
-            _prefetch_l2(w_ptr, 2 * (k_start // 128), tl.minimum(2 * (k_start // 128 + PREFETCH), K // 64),
-                         pid_n * BLOCK_N * 8, N * 8, stride_w, 2 * PREFETCH, BLOCK_N // 4)
-        tl.extra.cuda.gdc_wait()                                 # its writes (our x) are visible from here
     rows = pid_m * 16 + tl.arange(0, 16)
     k16 = tl.arange(0, 16)
     r8 = tl.arange(0, 8)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < N
+    k_start = pid_k * k_per_split
     acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), 128):
         g = k0 // 128                                            # one group a K-block
@@ -219,17 +200,10 @@ def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dty
     y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty(split, M, N, dtype=torch.float32, device=x.device) if split > 1 else y
     counters = tile_counters(x.device, grid[0] * grid[2])
-    pdl = tiles.pdl and pdl_supported(x.device)
     _w4a16_kernel[grid](x, w.words, w.zeros, w.scales, part, counters, y, M, N, K, x.stride(0), w.words.stride(0),
                         w.scales.stride(0), per, tiles.block_n, _MAGIC[x.dtype], split > 1, _EMULATE,
-                        pdl, tiles.prefetch_blocks if pdl else 0,
-                        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **({"launch_pdl": True} if pdl else {}))
+                        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return y
-
-
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: on sm_90 and later, and not under the interpreter."""
-    return device.type == "cuda" and not _EMULATE and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 _COUNTERS: dict = {}

@@ -153,8 +153,8 @@ def target_step_bench(profile: Profile, target_model=None) -> dict:
     result = {"device": bench.device_name(dev), "dtype": profile.dtype, key: verify["1"]["mean_ms"],
               "projection": type(runner.layers[0].mlp.down_proj).__name__, "compiled": profile.bench.compile_target,
               "batch_invariant_rows": runner.rows,
-              "w4a16_tiles": {**asdict(w4a16.DEFAULT_TILES), "pdl": w4a16.DEFAULT_TILES.pdl and w4a16.pdl_supported(dev)}
-              if isinstance(runner.layers[0].mlp.down_proj, w4a16.Int4Linear) else None,
+              "w4a16_tiles": asdict(w4a16.DEFAULT_TILES) if isinstance(runner.layers[0].mlp.down_proj, w4a16.Int4Linear)
+              else None,
               "single": verify["1"], "verify_ms": {n: v["mean_ms"] for n, v in verify.items()}, "verify": verify}
     save_json(profile, "target_step.json", result)
     if dev.type == "cuda":                                                   # where a single-token step goes
