@@ -508,6 +508,13 @@ def test_int4_kernel_failure_is_recorded_not_raised():
     assert got == {} and "KeyError" in error and "no_such_kernel" in error
 
 
+def test_int4_kernel_that_runs_too_long_is_stopped():
+    """A kernel process that outlives its time (a JIT build, autotuning) is stopped and recorded as such."""
+    from lib.study.int4_kernels import _in_subprocess
+    got, error = _in_subprocess("w4a16", {"o": [256, 128]}, "cpu", 1, timeout_s=0.01)
+    assert got == {} and error.startswith("stopped after 0.01 s")
+
+
 def test_int4_kernel_table_only_for_awq_targets():
     from lib.config import load_profile
     from lib.study.int4_kernels import awq_projection_shapes, int4_bytes

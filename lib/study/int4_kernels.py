@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .. import bench
+from .. import bench, progress
 from ..config import Profile
 from ..engine.runner import capture
 from ..models import checkpoints
@@ -23,7 +24,9 @@ from ..results import save_json
 
 ROWS = (1, 2, 4, 8, 16)
 CALLS = 20                                                  # calls in one graph replay
-KERNELS = ("w4a16", "marlin", "tinygemm", "gemlite", "dense_fp16")
+KERNELS = ("w4a16", "tinygemm", "dense_fp16", "gemlite", "marlin")   # the slow starters (autotuning, an nvcc build) last
+# one kernel's process, its JIT build or autotuning included (marlin's nvcc build: about 4 min on an H100)
+KERNEL_TIMEOUT_S = float(os.environ.get("STUDY_INT4_KERNEL_TIMEOUT_S", 300))
 
 
 def awq_projection_shapes(profile: Profile) -> dict[str, tuple[int, int]] | None:
@@ -167,7 +170,7 @@ def int4_kernel_bench(profile: Profile, iters: int = 30) -> dict | None:
               "shapes": {name: {"K": K, "N": N, "floor_ms": int4_bytes(K, N) / bw * 1e3,
                                 "rows": {str(m): {} for m in ROWS}, "unavailable": {}}
                          for name, (K, N) in shapes.items()}}
-    for kernel in KERNELS:
+    for kernel in progress.steps(KERNELS, "int4 kernels", "kernels"):
         got, error = _in_subprocess(kernel, shapes, str(dev), iters)
         for name, shape in result["shapes"].items():
             if error:
@@ -179,12 +182,17 @@ def int4_kernel_bench(profile: Profile, iters: int = 30) -> dict | None:
     return result
 
 
-def _in_subprocess(kernel: str, shapes: dict, device: str, iters: int) -> tuple[dict, str]:
+def _in_subprocess(kernel: str, shapes: dict, device: str, iters: int,
+                   timeout_s: float = KERNEL_TIMEOUT_S) -> tuple[dict, str]:
     """(kernel_bench's result, "") from `python -m lib.study.int4_kernels`, or ({}, its last error line)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         args = [sys.executable, "-m", "lib.study.int4_kernels", kernel, json.dumps(shapes), device, str(iters), str(out)]
-        proc = subprocess.run(args, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+        try:
+            proc = subprocess.run(args, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
+                                  timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {}, f"stopped after {timeout_s:g} s (a JIT build or autotuning counts in it)"
         if proc.returncode == 0 and out.exists():
             return json.loads(out.read_text()), ""
         lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
