@@ -146,6 +146,7 @@ KERNEL_KINDS = (("LM head (Triton)", ("_flash_probes", "_flash_tokens", "_dense_
                 ("fused decode GEMV (Triton)", ("_decode_gemv",)),
                 ("fused decode attention (Triton)", ("_decode_attention",)),
                 ("fused decode norm (Triton)", ("_decode_norm",)),
+                ("W4A16 int4 GEMM (Triton)", ("_w4a16_kernel",)),
                 ("GEMV fused with norms and elementwise ops (compiled)", ("_mm_",)),
                 ("GEMV/GEMM", ("gemv", "gemm", "nvjet", "xmma", "cutlass", "marlin", "splitk", "cublas", "addmm", "aten::mm")),
                 ("fused elementwise and norms (compiled)", ("triton",)),
