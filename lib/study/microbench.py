@@ -10,7 +10,7 @@ import torch
 from .. import bench, modes
 from ..config import Profile
 from ..engine.heads import DenseHead, GraphedHead
-from ..models import build as engines, checkpoints, w4a16
+from ..models import build as engines, checkpoints
 from ..models.flash_checkpoint import ensure_flash_checkpoint
 from ..results import save_json, update_json
 from . import exit_depth
@@ -140,6 +140,14 @@ def time_target_calls(profile: Profile, fns: dict, dev) -> dict[str, list[float]
     return bench.interleaved(fns, max(2, b.warmup // 4), max(10, b.iters // 10), dev)
 
 
+def w4a16_tiles(runner) -> dict | None:
+    """The W4A16 kernel's launch parameters where the target runs it (Triton is imported only then)."""
+    if type(runner.layers[0].mlp.down_proj).__name__ != "Int4Linear":
+        return None
+    from ..models import w4a16
+    return asdict(w4a16.DEFAULT_TILES)
+
+
 def target_step_bench(profile: Profile, target_model=None) -> dict:
     """Target latency: one single-token step, and verify calls of each block length (graph replays)."""
     b = profile.bench
@@ -153,8 +161,7 @@ def target_step_bench(profile: Profile, target_model=None) -> dict:
     result = {"device": bench.device_name(dev), "dtype": profile.dtype, key: verify["1"]["mean_ms"],
               "projection": type(runner.layers[0].mlp.down_proj).__name__, "compiled": profile.bench.compile_target,
               "batch_invariant_rows": runner.rows,
-              "w4a16_tiles": asdict(w4a16.DEFAULT_TILES) if isinstance(runner.layers[0].mlp.down_proj, w4a16.Int4Linear)
-              else None,
+              "w4a16_tiles": w4a16_tiles(runner),
               "single": verify["1"], "verify_ms": {n: v["mean_ms"] for n, v in verify.items()}, "verify": verify}
     save_json(profile, "target_step.json", result)
     if dev.type == "cuda":                                                   # where a single-token step goes
