@@ -3,7 +3,7 @@
 #   h100     shape-faithful synthetic pair, bf16 on one 80 GB GPU (every timing in the study)
 #   h100awq  the h100 pair with the 32B-shaped target as AWQ int4 (the study's triton_w4a16 kernel; loads through gptqmodel, whose wheels the GPU needs)
 #   two_gpu  the h100 pair on two GPUs of one host, adding the pipelined schedule
-#   two_gpu_awq  two_gpu with h100awq's int4 target (marlin) on GPU 0
+#   two_gpu_awq  two_gpu with h100awq's int4 target (triton_w4a16) on GPU 0
 #   smollm2  real weights on a CPU: SmolLM2-135M as target, its first layers as early-exit drafts (the default;
 #            sized for a first run: about 8 minutes on 2 cores)
 #   smollm2_full  the smollm2 study at full size: adaptive drafts, block-length policies, every side study
