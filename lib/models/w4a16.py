@@ -28,9 +28,10 @@ weight (the AWQ-layout kernel before it: 7.2, with shared-memory round trips for
 3.6) the Qwen3-32B projections ran at 52-80 % of the copy bandwidth at one row, at most 7 % slower at 8; on one
 H100 (notebook 02, h100awq) at 48-75 %, a layer 8 % slower at 8 rows (README). The default tiles use 48 registers
 and 20 KB of shared memory: 10 programs an SM, so gate/up's 3,200 programs make 2.4 waves on 132 SMs.
-Tried and dropped (one H100, h100awq target step, interleaved): programmatic dependent launch, each matmul
-launched during the kernel before it and prefetching its first K-blocks of weights into L2: 12.32 ms a step
-without the prefetch, 12.63 with 2 K-blocks, 12.92 with 4, against 12.24 ms with plain launches.
+Tried and dropped (one H100, h100awq target step, interleaved; a development script at d3184b8, not in outputs/):
+programmatic dependent launch, each matmul launched during the kernel before it and prefetching its first K-blocks
+of weights into L2: 12.32 ms a step without the prefetch, 12.63 with 2 K-blocks, 12.92 with 4, against 12.24 ms
+with plain launches.
 Under TRITON_INTERPRET=1 (CPU) inline PTX cannot run, so there the same q - z come from integer arithmetic and
 the products are summed in fp32 (`_EMULATE`).
 """
