@@ -206,8 +206,8 @@ class Runner:
 
 
 def fused_decode(runner: Runner) -> tuple:
-    """(lib/engine/decode.py's FusedDecode for this runner, "fused (its layout)"), or (None, "reference (why not)")
-    where it cannot run or fails its check against the reference path."""
+    """(lib/engine/decode.py's FusedDecode for this runner, "fused"), or (None, "reference (why not)") where it
+    cannot run or fails its check against the reference path."""
     try:
         from . import decode
     except ImportError as e:                                                                # no Triton
@@ -215,7 +215,7 @@ def fused_decode(runner: Runner) -> tuple:
     why = decode.supported(runner)
     step = None if why else decode.FusedDecode(runner)
     why = why or decode.check(runner, step)
-    return (None, f"reference ({why})") if why else (step, f"fused ({step.layout})")
+    return (None, f"reference ({why})") if why else (step, "fused")
 
 
 def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple) -> torch.Tensor:
