@@ -501,6 +501,19 @@ def test_int4_kernel_table_sums_a_layer_and_relates_to_the_floor():
     assert set(grid.axes_dict) == {"o", "down"}
 
 
+def test_int4_invariance_table_counts_the_bitwise_cells_per_kernel():
+    from lib.report.micro import int4_invariance_table
+
+    def row(inv):
+        return {k: {"p50_ms": 0.01, "batch_invariant": v} for k, v in inv.items()}
+    int4 = {"shapes": {"o": {"floor_ms": 0.01, "rows": {"1": row({"w4a16": True, "marlin": True}),
+                                                         "8": row({"w4a16": True, "marlin": False})}}}}
+    tab = int4_invariance_table(int4)
+    assert tab.loc["w4a16"].tolist() == [2, 2] and tab.loc["marlin"].tolist() == [1, 2]
+    old = {"shapes": {"o": {"floor_ms": 0.01, "rows": {"1": {"w4a16": {"p50_ms": 0.01}}}}}}   # before it was measured
+    assert int4_invariance_table(old).empty
+
+
 def test_int4_kernel_failure_is_recorded_not_raised():
     """Each W4A16 kernel runs in its own process: one that fails gives its last error line, and the caller goes on."""
     from lib.study.int4_kernels import _in_subprocess

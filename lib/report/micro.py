@@ -80,3 +80,14 @@ def int4_kernel_table(int4: dict) -> pd.DataFrame:
         if other in tab:
             tab[f"w4a16 / {other}"] = tab["w4a16"] / tab[other]
     return tab
+
+
+def int4_invariance_table(int4: dict) -> pd.DataFrame:
+    """Per kernel: on how many (projection, row count) cells each row of the call was bitwise that row of the 16-row
+    call (batch invariance, which padded verify calls need), of how many measured."""
+    df = int4_kernel_frame(int4)
+    if "batch_invariant" not in df:
+        return pd.DataFrame(columns=["batch-invariant cells", "cells"])
+    seen = df.dropna(subset=["batch_invariant"])
+    return pd.DataFrame({"batch-invariant cells": seen.groupby("kernel", sort=False)["batch_invariant"].sum().astype(int),
+                         "cells": seen.groupby("kernel", sort=False).size()})
