@@ -84,7 +84,7 @@ def int4_kernel_table(int4: dict) -> pd.DataFrame:
 
 def int4_invariance_table(int4: dict) -> pd.DataFrame:
     """Per kernel: on how many (projection, row count) cells each row of the call was bitwise that row of the 16-row
-    call (batch invariance, which padded verify calls need), of how many measured."""
+    call (batch invariance), of how many measured."""
     df = int4_kernel_frame(int4)
     if "batch_invariant" not in df:
         return pd.DataFrame(columns=["batch-invariant cells", "cells"])

@@ -131,8 +131,8 @@ def graphed(make, x: torch.Tensor, copies: int):
 def kernel_bench(kernel: str, shapes: dict, dev, iters: int) -> dict:
     """One kernel on every projection shape at every row count: per-call ms (p50, mean, p95), GB/s, relative error
     against the fp32 product of the dequantised weights, and batch invariance (each row of an m-row call bitwise
-    that row of the 16-row call: what padded verify calls need). The same random weights in every process (seeded
-    per shape)."""
+    that row of the 16-row call: a row's result does not depend on how many rows share the call; it does not test
+    a row moved to another position). The same random weights in every process (seeded per shape)."""
     out = {}
     for name, (K, N) in shapes.items():
         torch.manual_seed(K * 7 + N)
