@@ -505,13 +505,28 @@ def test_int4_invariance_table_counts_the_bitwise_cells_per_kernel():
     from lib.report.micro import int4_invariance_table
 
     def row(inv):
-        return {k: {"p50_ms": 0.01, "batch_invariant": v} for k, v in inv.items()}
+        return {k: {"p50_ms": 0.01, "batch_invariant": v, "position_invariant": v and k == "w4a16"}
+                for k, v in inv.items()}
     int4 = {"shapes": {"o": {"floor_ms": 0.01, "rows": {"1": row({"w4a16": True, "marlin": True}),
                                                          "8": row({"w4a16": True, "marlin": False})}}}}
     tab = int4_invariance_table(int4)
-    assert tab.loc["w4a16"].tolist() == [2, 2] and tab.loc["marlin"].tolist() == [1, 2]
+    assert tab.loc["w4a16"].tolist() == ["2 of 2", "2 of 2"] and tab.loc["marlin"].tolist() == ["1 of 2", "0 of 2"]
     old = {"shapes": {"o": {"floor_ms": 0.01, "rows": {"1": {"w4a16": {"p50_ms": 0.01}}}}}}   # before it was measured
     assert int4_invariance_table(old).empty
+
+
+def test_row_invariance_tells_a_row_moved_from_a_row_alone():
+    """The two invariances of the int4 table on a CPU: a plain product has both; a kernel that adds the row index
+    (as a stand-in for a row-dependent reduction order) is still batch-invariant but not position-invariant, and one
+    whose rows see the call's size is neither."""
+    from lib.study.int4_kernels import invariance
+    w, x16 = torch.randn(8, 3), torch.randn(16, 8)
+    plain = lambda x: lambda: x @ w                                                          # noqa: E731
+    by_position = lambda x: lambda: x @ w + torch.arange(len(x))[:, None]                    # noqa: E731
+    by_size = lambda x: lambda: x @ w + len(x)                                               # noqa: E731
+    assert invariance(plain, x16, 4) == {"batch_invariant": True, "position_invariant": True}
+    assert invariance(by_position, x16, 4) == {"batch_invariant": True, "position_invariant": False}
+    assert invariance(by_size, x16, 4)["batch_invariant"] is False
 
 
 def test_int4_kernel_failure_is_recorded_not_raised():

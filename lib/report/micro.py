@@ -83,11 +83,12 @@ def int4_kernel_table(int4: dict) -> pd.DataFrame:
 
 
 def int4_invariance_table(int4: dict) -> pd.DataFrame:
-    """Per kernel: on how many (projection, row count) cells each row of the call was bitwise that row of the 16-row
-    call (batch invariance), of how many measured."""
+    """Per kernel: of the (projection, row count) cells measured, on how many its rows were batch-invariant and
+    position-invariant (lib.study.int4_kernels.invariance: what padded verify calls need), as "n of m"."""
     df = int4_kernel_frame(int4)
-    if "batch_invariant" not in df:
-        return pd.DataFrame(columns=["batch-invariant cells", "cells"])
-    seen = df.dropna(subset=["batch_invariant"])
-    return pd.DataFrame({"batch-invariant cells": seen.groupby("kernel", sort=False)["batch_invariant"].sum().astype(int),
-                         "cells": seen.groupby("kernel", sort=False).size()})
+    out = {}
+    for col in ("batch_invariant", "position_invariant"):
+        if col in df:
+            seen = df.dropna(subset=[col]).groupby("kernel", sort=False)[col]
+            out[col.replace("_", "-")] = seen.sum().astype(int).astype(str) + " of " + seen.size().astype(str)
+    return pd.DataFrame(out)

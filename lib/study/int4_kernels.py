@@ -128,11 +128,21 @@ def graphed(make, x: torch.Tensor, copies: int):
     return graph.replay
 
 
+def invariance(make, x16: torch.Tensor, m: int) -> dict[str, bool]:
+    """Whether a call's rows are what padded verify calls need, for the first m rows of x16: `batch_invariant`, each
+    row of the m-row call bitwise that row of the 16-row call (a row against how many rows share its call);
+    `position_invariant`, the m rows in reverse order give the reversed outputs bitwise (a row against where it
+    sits: a verify call's token i is row i, the same token alone is row 0)."""
+    x = x16[:m].contiguous()
+    y = make(x)().clone()
+    return {"batch_invariant": bool(torch.equal(y, make(x16)()[:m])),
+            "position_invariant": bool(torch.equal(make(x.flip(0).contiguous())().flip(0), y))}
+
+
 def kernel_bench(kernel: str, shapes: dict, dev, iters: int) -> dict:
     """One kernel on every projection shape at every row count: per-call ms (p50, mean, p95), GB/s, relative error
-    against the fp32 product of the dequantised weights, and batch invariance (each row of an m-row call bitwise
-    that row of the 16-row call: a row's result does not depend on how many rows share the call; it does not test
-    a row moved to another position). The same random weights in every process (seeded per shape)."""
+    against the fp32 product of the dequantised weights, and the two row invariances (`invariance`). The same
+    random weights in every process (seeded per shape)."""
     out = {}
     for name, (K, N) in shapes.items():
         torch.manual_seed(K * 7 + N)
@@ -141,17 +151,16 @@ def kernel_bench(kernel: str, shapes: dict, dev, iters: int) -> dict:
         nbytes = K * N * 2 if kernel == "dense_fp16" else int4_bytes(K, N)
         ref_w = dequantized(awq)                                                    # (K, N) fp32
         x16 = torch.randn(16, K, device=dev, dtype=torch.float16)
-        y16 = make(x16)().clone()                                                   # for batch invariance
         rows = out[name] = {}
         for m in ROWS:
             x = x16[:m].contiguous()
             ref, y = x.float() @ ref_w, make(x)()
             rows[str(m)] = row = {"bytes": nbytes, "rel_err": float((y.float() - ref).norm() / ref.norm()),
-                                  "batch_invariant": bool(torch.equal(y, y16[:m]))}
+                                  **invariance(make, x16, m)}
             replay = graphed(make, x, min(CALLS, math.ceil(256e6 / nbytes)))
             st = bench.stats([t / CALLS for t in bench.time_calls(replay, 3, iters, dev)])
             row.update(st, GBps=nbytes / st["p50_ms"] / 1e6)
-        del make, ref_w, y16
+        del make, ref_w
         torch.cuda.empty_cache()
     return out
 
