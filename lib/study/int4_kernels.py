@@ -128,14 +128,12 @@ def graphed(make, x: torch.Tensor, copies: int):
     return graph.replay
 
 
-def invariance(make, x16: torch.Tensor, m: int) -> dict[str, bool]:
-    """Whether a call's rows are what padded verify calls need, for the first m rows of x16: `batch_invariant`, each
-    row of the m-row call bitwise that row of the 16-row call (a row against how many rows share its call);
-    `position_invariant`, the m rows in reverse order give the reversed outputs bitwise (a row against where it
-    sits: a verify call's token i is row i, the same token alone is row 0)."""
-    x = x16[:m].contiguous()
-    y = make(x)().clone()
-    return {"batch_invariant": bool(torch.equal(y, make(x16)()[:m])),
+def invariance(make, x: torch.Tensor, y: torch.Tensor, y16: torch.Tensor) -> dict[str, bool]:
+    """Whether the rows of y = make(x)() are what padded verify calls need, x being the first rows of the 16-row x16
+    with y16 = make(x16)(): `batch_invariant`, each row of y bitwise that row of y16 (a row against how many rows
+    share its call); `position_invariant`, x's rows in reverse order give y's rows reversed, bitwise (a row against
+    where it sits: a verify call's token i is row i, the same token alone is row 0)."""
+    return {"batch_invariant": bool(torch.equal(y, y16[:len(x)])),
             "position_invariant": bool(torch.equal(make(x.flip(0).contiguous())().flip(0), y))}
 
 
@@ -151,16 +149,17 @@ def kernel_bench(kernel: str, shapes: dict, dev, iters: int) -> dict:
         nbytes = K * N * 2 if kernel == "dense_fp16" else int4_bytes(K, N)
         ref_w = dequantized(awq)                                                    # (K, N) fp32
         x16 = torch.randn(16, K, device=dev, dtype=torch.float16)
+        y16 = make(x16)().clone()
         rows = out[name] = {}
         for m in ROWS:
             x = x16[:m].contiguous()
-            ref, y = x.float() @ ref_w, make(x)()
+            ref, y = x.float() @ ref_w, make(x)().clone()
             rows[str(m)] = row = {"bytes": nbytes, "rel_err": float((y.float() - ref).norm() / ref.norm()),
-                                  **invariance(make, x16, m)}
+                                  **invariance(make, x, y, y16)}
             replay = graphed(make, x, min(CALLS, math.ceil(256e6 / nbytes)))
             st = bench.stats([t / CALLS for t in bench.time_calls(replay, 3, iters, dev)])
             row.update(st, GBps=nbytes / st["p50_ms"] / 1e6)
-        del make, ref_w
+        del make, ref_w, y16
         torch.cuda.empty_cache()
     return out
 
