@@ -25,22 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .kernels import _launch_next, _wait, launches
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"          # Triton's CPU interpreter (tests)
-
-
-@triton.jit
-def _launch_next(PDL: tl.constexpr):
-    """Let the next kernel launch now (programmatic dependent launch): several kernels of a step may then run
-    at once, so before its wait (_wait) a kernel reads only what was written before the step began."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def _wait(PDL: tl.constexpr):
-    """Wait for the previous kernel to finish (it waited for its own previous one): its writes are visible."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
@@ -144,7 +131,8 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
 
 @triton.jit
 def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
-    """The final RMSNorm of the residual stream."""
+    """The final RMSNorm of the residual stream (the head's kernels may launch at once: see kernels.py)."""
+    _launch_next(PDL)
     cols = tl.arange(0, BK)
     _wait(PDL)
     x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
@@ -182,13 +170,15 @@ class FusedDecode:
     __call__(ids (1,1), start (0-dim device tensor)) -> final normed hidden state (1,1,d), writing the
     runner's KV cache like the reference path. Static buffers and a fixed grid: CUDA-graph capturable."""
 
-    def __init__(self, runner, tile_bytes: int = 16384, warps: int = 2, split: int = SPLIT):
+    def __init__(self, runner, tile_bytes: int = 16384, warps: int = 2, split: int = SPLIT,
+                 attention_warps: int | None = None):
         cfg, dev, dt = runner.model.config, runner.device, runner.dtype
         att = runner.layers[0].self_attn
         self.runner, self.eps, self.warps = runner, cfg.rms_norm_eps, warps
+        self.attention_warps = attention_warps or warps
         self.hq, self.hkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, runner.cache.k.shape[-1]
         self.qk_norm = hasattr(att, "q_norm")
-        self.pdl = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+        self.pdl = launches(dev, warps)[0]
         D, inter, L = cfg.hidden_size, cfg.intermediate_size, runner.cache.k.shape[3]
         self.split, self.ns = split, triton.cdiv(L, split)
         empty = lambda *shape, dtype=dt: torch.zeros(shape, dtype=dtype, device=dev)
@@ -222,8 +212,8 @@ class FusedDecode:
                            self.pdl, **self._launch())
         return self.out
 
-    def _launch(self) -> dict:
-        return dict(num_warps=self.warps, launch_pdl=True) if self.pdl else dict(num_warps=self.warps)
+    def _launch(self, warps: int | None = None) -> dict:
+        return launches(self.x.device, warps or self.warps)[1]
 
     def _gemv(self, x, g, w, out, name: str) -> None:
         norm, glu, residual = GEMVS[name]
@@ -238,7 +228,8 @@ class FusedDecode:
         _decode_attention[(self.hkv, self.ns)](
             self.qkv, qn, kn, r.cos, r.sin, k_cache, v_cache, start, self.part, self.ml, self.count, self.attn,
             self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.hd, self.split, self.ns,
-            triton.next_power_of_2(self.ns), k_cache.shape[2], self.qk_norm, self.pdl, **self._launch())
+            triton.next_power_of_2(self.ns), k_cache.shape[2], self.qk_norm, self.pdl,
+            **self._launch(self.attention_warps))
 
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 0.15}

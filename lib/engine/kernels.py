@@ -44,15 +44,36 @@ def _key(v, idx, ok):
 
 
 @triton.jit
-def _dot_rows(h_ptr, w_ptr, rows, ok, N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """fp32 dot products (N,) of h with rows `rows` of the (., D) matrix at w_ptr (masked by ok)."""
+def _launch_next(PDL: tl.constexpr):
+    """Let the next kernel launch now (programmatic dependent launch, Hopper): before its wait (_wait) that
+    kernel reads only what was written before this one began (weights, older cache positions)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _wait(PDL: tl.constexpr):
+    """Wait for the previous kernel to finish (it waited for its own previous one): its writes are visible."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _dot_rows(h_ptr, w_ptr, rows, ok, N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+              PDL: tl.constexpr = False):
+    """fp32 dot products (N,) of h with rows `rows` of the (., D) matrix at w_ptr (masked by ok). The first
+    tile of weights is loaded before the wait for h (PDL: while the kernel before still runs)."""
     acc = tl.zeros((N,), dtype=tl.float32)
     base = w_ptr + rows.to(tl.int64)[:, None] * D
+    offs = tl.arange(0, BLOCK_D)
+    w = tl.load(base + offs[None, :], mask=ok[:, None] & (offs < D)[None, :], other=0.0)
+    _wait(PDL)
     for d0 in tl.range(0, D, BLOCK_D):
         offs = d0 + tl.arange(0, BLOCK_D)
         hv = tl.load(h_ptr + offs, mask=offs < D, other=0.0).to(tl.float32)
-        w = tl.load(base + offs[None, :], mask=ok[:, None] & (offs < D)[None, :], other=0.0).to(tl.float32)
-        acc += tl.sum(w * hv[None, :], axis=1)
+        acc += tl.sum(w.to(tl.float32) * hv[None, :], axis=1)
+        offs += BLOCK_D                                       # the next tile (all masked after the last)
+        w = tl.load(base + offs[None, :], mask=ok[:, None] & (offs < D)[None, :], other=0.0)
     return acc
 
 
@@ -119,14 +140,16 @@ def _select(cand_ptr, m, need, thr, out_ptr, T: tl.constexpr):
 @triton.jit
 def _flash_probes(h_ptr, c_ptr, keys_ptr, hist_ptr, slab_ptr, above_ptr, plan_ptr, cand_ptr, probes_ptr,
                   count_ptr, C, P, D: tl.constexpr, R: tl.constexpr, BLOCK_D: tl.constexpr, S: tl.constexpr,
-                  TF: tl.constexpr, T: tl.constexpr):
+                  TF: tl.constexpr, T: tl.constexpr, PDL: tl.constexpr):
     """Program g scores centroids g*R..g*R+R-1 and files each key under its histogram bin (top 12 bits of
     the score) in a slab of S slots per bin. The last program to finish stores, for the token kernel,
     above_ptr[b] = #clusters in bins above b and plan = (bin of the P-th score, #clusters above it, #in it,
-    overflow); on overflow (a bin from that one up holds > S) it selects the top-P ids into probes_ptr."""
+    overflow); on overflow (a bin from that one up holds > S) it selects the top-P ids into probes_ptr.
+    PDL: the centroids stream in while the kernel before (the body's last) still runs."""
+    _launch_next(PDL)
     rows = tl.program_id(0) * R + tl.arange(0, R)
     ok = rows < C
-    k = _key(_dot_rows(h_ptr, c_ptr, rows, ok, R, D, BLOCK_D), rows, ok)
+    k = _key(_dot_rows(h_ptr, c_ptr, rows, ok, R, D, BLOCK_D, PDL), rows, ok)
     b = ((k >> 52) + 2048).to(tl.int32)                      # the score's top 12 bits, in order
     slot = tl.atomic_add(hist_ptr + b, 1, mask=ok, sem="relaxed")   # count it; the old count is its slot
     tl.store(slab_ptr + b.to(tl.int64) * S + slot, k, mask=ok & (slot < S))
@@ -166,11 +189,12 @@ def _flash_probes(h_ptr, c_ptr, keys_ptr, hist_ptr, slab_ptr, above_ptr, plan_pt
 @triton.jit
 def _flash_tokens(h_ptr, w_ptr, c2t_ptr, slab_ptr, above_ptr, plan_ptr, probes_ptr, best_ptr, count_ptr,
                   out_ptr, C, P, D: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, BLOCK_D: tl.constexpr,
-                  S: tl.constexpr):
+                  S: tl.constexpr, PDL: tl.constexpr):
     """Program i scores the tokens of the i-th cluster in score order if it is one of the top P (the
     others leave), the last program the special tokens (row C of c2t, -1 = none); the last of these
     P + 1 to finish writes the token."""
     i = tl.program_id(0)
+    _wait(PDL)                                                # the plan of launch 1
     top = tl.load(plan_ptr, cache_modifier=".cg")
     n_up = tl.load(plan_ptr + 1, cache_modifier=".cg")
     m = tl.load(plan_ptr + 2, cache_modifier=".cg")
@@ -203,11 +227,11 @@ def _flash_tokens(h_ptr, w_ptr, c2t_ptr, slab_ptr, above_ptr, plan_ptr, probes_p
 
 @triton.jit
 def _dense_argmax(h_ptr, w_ptr, best_ptr, count_ptr, out_ptr, V, D: tl.constexpr, R: tl.constexpr,
-                  BLOCK_D: tl.constexpr):
+                  BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """Program g scores rows g*R..g*R+R-1 of W; the last program to finish writes the argmax."""
     rows = tl.program_id(0) * R + tl.arange(0, R)
     ok = rows < V
-    _finish(_key(_dot_rows(h_ptr, w_ptr, rows, ok, R, D, BLOCK_D), rows, ok), best_ptr, count_ptr, out_ptr,
+    _finish(_key(_dot_rows(h_ptr, w_ptr, rows, ok, R, D, BLOCK_D, PDL), rows, ok), best_ptr, count_ptr, out_ptr,
             tl.num_programs(0))
 
 
@@ -251,7 +275,7 @@ class FlashTuning:
     """Launch settings of the FlashHead kernels: R centroids per program and BLOCK_D their dot products' tile
     (launch 1, `warps` warps); BLOCK_D2 and warps2 for launch 2; S slab slots per bin (a power of 2; the fast
     path needs the P-th score's bin and those above it to hold <= S clusters); TF and T the compaction and
-    radix-select scan tiles."""
+    radix-select scan tiles; pdl: programmatic dependent launch where the GPU has it (launches())."""
     R: int = 16
     BLOCK_D: int = 1024
     BLOCK_D2: int = 1024
@@ -260,6 +284,18 @@ class FlashTuning:
     S: int = 256
     TF: int = 4096
     T: int = 1024
+    pdl: bool = True
+
+
+def has_pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch: CUDA on Hopper or later (not Triton's CPU interpreter)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def launches(device: torch.device, warps: int, pdl: bool = True) -> tuple[bool, dict]:
+    """(PDL on?, Triton launch options) for a kernel of `warps` warps on `device`."""
+    on = pdl and has_pdl(device)
+    return on, dict(num_warps=warps, launch_pdl=True) if on else dict(num_warps=warps)
 
 
 def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, **tuning):
@@ -273,9 +309,10 @@ def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, **tuning):
     s = _launch_probes(h, cents, n_probes, t)
     out = torch.empty(1, dtype=torch.int64, device=h.device)
     bd = min(t.BLOCK_D, triton.next_power_of_2(D))
+    pdl, opts = launches(h.device, t.warps2, t.pdl)
     _flash_tokens[(n_probes + t.S + 1,)](h, W, c2t_ext, s["slab"], s["above"], s["plan"], s["probes"], s["best"],
                                          s["count"][1:], out, C, n_probes, D, B, triton.next_power_of_2(B),
-                                         min(t.BLOCK_D2, bd), t.S, num_warps=t.warps2)
+                                         min(t.BLOCK_D2, bd), t.S, pdl, **opts)
     return out
 
 
@@ -291,19 +328,22 @@ def flash_probes_triton(h, cents, n_probes, **tuning) -> dict:
 def _launch_probes(h, cents, n_probes, t: FlashTuning) -> dict:
     C, D = cents.shape
     s = _scratch(h.device, C, t.S)
+    pdl, opts = launches(h.device, t.warps, t.pdl)
     _flash_probes[(triton.cdiv(C, t.R),)](h, cents, s["keys"], s["hist"], s["slab"], s["above"], s["plan"], s["cand"],
                                           s["probes"], s["count"], C, n_probes, D, t.R,
                                           min(t.BLOCK_D, triton.next_power_of_2(D)), t.S,
                                           min(t.TF, triton.next_power_of_2(C)), min(t.T, triton.next_power_of_2(C)),
-                                          num_warps=t.warps)
+                                          pdl, **opts)
     return s
 
 
-def dense_greedy_triton(h, W, R=16, BLOCK_D=1024, warps=4):
-    """h (1,d) -> argmax_v h.W[v] as (1,) int64 on the device, ties to the smallest v: one launch."""
+def dense_greedy_triton(h, W, R=16, BLOCK_D=1024, warps=4, pdl=True):
+    """h (1,d) -> argmax_v h.W[v] as (1,) int64 on the device, ties to the smallest v: one launch (its first
+    weights read while the kernel before runs, where the GPU has programmatic dependent launch)."""
     V, D = W.shape
     s = _scratch(h.device, 0)
     out = torch.empty(1, dtype=torch.int64, device=h.device)
+    pdl, opts = launches(h.device, warps, pdl)
     _dense_argmax[(triton.cdiv(V, R),)](h, W, s["best"], s["count"], out, V, D, R,
-                                        min(BLOCK_D, triton.next_power_of_2(D)), num_warps=warps)
+                                        min(BLOCK_D, triton.next_power_of_2(D)), pdl, **opts)
     return out
