@@ -26,7 +26,7 @@ def llama():
     return LlamaForCausalLM(cfg).eval()
 
 
-LEN = 80                                                                     # 3 attention splits of decode.SPLIT
+LEN = 80                                                                     # 5 attention splits of decode.SPLIT
 
 
 @pytest.mark.parametrize("which", ["qwen3", "llama"])

@@ -141,7 +141,11 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
     tl.store(out_ptr + cols, (xf * r).to(x.dtype) * tl.load(g_ptr + cols, mask=cols < K), mask=cols < K)
 
 
-SPLIT = 32                                                        # attention positions a program
+# Launch settings, measured on one H100 (h100 draft, bf16, position 300; devtmp benches of 2026-11-27): GEMV programs
+# of 8 KB of weights and 1 warp, attention splits of 16 positions and 1 warp took the body step (as the engine runs
+# it, Runner.chain) from 0.636 ms (16 KB, 2 warps; 32 positions, 2 warps) to 0.593 ms.
+TILE_BYTES, WARPS = 8192, 1
+SPLIT, ATTENTION_WARPS = 16, 1
 GEMVS = {"qkv": (True, False, False), "o": (False, False, True),   # (norm, glu, residual) of each GEMV
          "gate_up": (True, True, False), "down": (False, False, True)}
 
@@ -170,12 +174,12 @@ class FusedDecode:
     __call__(ids (1,1), start (0-dim device tensor)) -> final normed hidden state (1,1,d), writing the
     runner's KV cache like the reference path. Static buffers and a fixed grid: CUDA-graph capturable."""
 
-    def __init__(self, runner, tile_bytes: int = 16384, warps: int = 2, split: int = SPLIT,
-                 attention_warps: int | None = None):
+    def __init__(self, runner, tile_bytes: int = TILE_BYTES, warps: int = WARPS, split: int = SPLIT,
+                 attention_warps: int = ATTENTION_WARPS):
         cfg, dev, dt = runner.model.config, runner.device, runner.dtype
         att = runner.layers[0].self_attn
         self.runner, self.eps, self.warps = runner, cfg.rms_norm_eps, warps
-        self.attention_warps = attention_warps or warps
+        self.attention_warps = attention_warps
         self.hq, self.hkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, runner.cache.k.shape[-1]
         self.qk_norm = hasattr(att, "q_norm")
         self.pdl = launches(dev, warps)[0]
@@ -237,17 +241,21 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 0.15}
 
 @torch.no_grad()
 def check(runner, step: FusedDecode, steps: int = 8) -> str:
-    """'' where `step` agrees with the runner's reference path over `steps` single-token calls from position 0
-    (fixed token ids): final hidden states within TOLERANCE (max |difference| / rms of the reference), and the
-    dense head's argmax equal but at near-ties (the fused token's reference logit within TOLERANCE x the largest
-    |logit| of the maximum). Else the reason. What it measured is kept in step.checked; the cache is zeroed after
-    (a fresh runner's state)."""
+    """'' where `step` agrees with the runner's reference path over `steps` single-token calls (fixed token ids)
+    after a prefix of 2.5 attention splits written by the reference path (so that several splits and their
+    combination are checked): final hidden states within TOLERANCE (max |difference| / rms of the reference),
+    and the dense head's argmax equal but at near-ties (the fused token's reference logit within TOLERANCE x the
+    largest |logit| of the maximum). Else the reason. What it measured is kept in step.checked; the cache is
+    zeroed after (a fresh runner's state)."""
     dev, tol = runner.device, TOLERANCE[runner.dtype]
-    ids = (torch.arange(steps, device=dev) * 7919 + 11) % runner.body.embed_tokens.weight.shape[0]
+    start = max(0, min(5 * step.split // 2, runner.max_len - steps))
+    ids = (torch.arange(start + steps, device=dev) * 7919 + 11) % runner.body.embed_tokens.weight.shape[0]
     hidden = []
     for fn in (lambda x, p: runner._forward(x, p, compiled=False), step):
+        if start:
+            runner._forward(ids[None, :start], torch.tensor(0, device=dev), compiled=False)
         hidden.append(torch.stack([fn(ids[None, i:i + 1], torch.tensor(i, device=dev))[0, -1].clone()
-                                   for i in range(steps)]).float())
+                                   for i in range(start, start + steps)]).float())
         runner.cache.k.zero_()
         runner.cache.v.zero_()
     ref, got = hidden
@@ -256,7 +264,7 @@ def check(runner, step: FusedDecode, steps: int = 8) -> str:
     logits = (ref.to(W.dtype) @ W.T).float()
     picked = logits.gather(1, (got.to(W.dtype) @ W.T).argmax(-1, keepdim=True))[:, 0]
     gap = (logits.amax(-1) - picked) / logits.abs().amax(-1)
-    step.checked = {"steps": steps, "rel_error": err, "tolerance": tol, "argmax_equal": int((gap == 0).sum()),
+    step.checked = {"steps": steps, "from_position": start, "rel_error": err, "tolerance": tol, "argmax_equal": int((gap == 0).sum()),
                     "max_gap": gap.max().item()}
     if not err <= tol:
         return f"fused step off the reference: relative error {err:.3g} > {tol}"
