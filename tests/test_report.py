@@ -473,12 +473,17 @@ def test_draft_step_table_reads_bandwidth_and_shares_from_microbench():
     micro = {"model_step": {"dense": st(0.8), "flash": st(0.7), "dense_reference": st(1.4), "flash_reference": st(1.3)},
              "head": {"dense": st(0.16), "flash": st(0.07)},
              "floors": {"bandwidth_GBps": 3000.0, "dense_step_ms": 0.4, "flash_step_ms": 0.3},
-             "block": {"k": 4, "dense": st(2.8), "dense_steps": st(3.0), "flash": st(2.4), "flash_steps": st(2.6)}}
+             "block": {"k": 4, "dense": st(2.8), "dense_steps": st(3.0), "flash": st(2.4), "flash_steps": st(2.6),
+                       "body": st(2.0)}}
     t = draft_step_table(micro)
     assert t.loc["dense", "MB read"] == pytest.approx(1200) and t.loc["dense", "achieved GB/s"] == pytest.approx(1500)
     assert t.loc["FlashHead", "% of bandwidth"] == pytest.approx(100 * 0.3 / 0.7)
     assert t.loc["dense", "head share of step"] == pytest.approx(0.2) and t.loc["dense", "block ms per token"] == 0.7
     assert t.loc["dense / FlashHead", "step ms (fused)"] == pytest.approx(0.8 / 0.7)
+    assert t.loc["dense", "head p50 ms per token in block"] == pytest.approx(0.2)              # (2.8 - 2.0) / 4
+    assert t.loc["FlashHead", "head share of block"] == pytest.approx(0.1 / 0.6)
+    del micro["block"]["body"]                                                  # runs before the body was measured
+    assert "head share of block" not in draft_step_table(micro).columns
 
 
 def test_int4_kernel_table_sums_a_layer_and_relates_to_the_floor():

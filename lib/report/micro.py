@@ -29,21 +29,28 @@ def floor_table(micro: dict) -> pd.DataFrame:
 def draft_step_table(micro: dict) -> pd.DataFrame:
     """Per draft head (GPU profiles): the step on the fused path and on the reference path, the bytes it must read
     (MB), the bandwidth it achieves, its floor and share of the bandwidth, the head's time and share of the step,
-    and a round's proposal block (one graph replay) per token beside k single steps per token; with the
-    FlashHead-over-dense step speedup on each path."""
+    and a round's proposal block (one graph replay) per token beside k single steps per token, with what the head
+    adds to the block per token (the block against the body's alone, where measured); with the FlashHead-over-dense
+    step speedup on each path. Means and medians (p50: the step's mean can carry a few slow replays)."""
     step, f, heads, blk = micro["model_step"], micro["floors"], micro["head"], micro.get("block", {})
     out = {}
     for name, label in (("dense", "dense"), ("flash", "FlashHead")):
         fl = f[f"{name}_step_ms"]
         ms = step[name]["mean_ms"]
         mb_read = fl * f["bandwidth_GBps"]                                  # ms x GB/s = MB
-        out[label] = {"step ms (fused)": ms, "step ms (reference)": step[f"{name}_reference"]["mean_ms"],
+        out[label] = {"step ms (fused)": ms, "step p50 ms (fused)": step[name]["p50_ms"],
+                      "step ms (reference)": step[f"{name}_reference"]["mean_ms"],
                       "MB read": mb_read, "achieved GB/s": mb_read / ms,
                       "floor ms": fl, "% of bandwidth": 100 * fl / ms, "head ms": heads[name]["mean_ms"],
                       "head share of step": heads[name]["mean_ms"] / ms}
         if name in blk:
             out[label].update({"block ms per token": blk[name]["mean_ms"] / blk["k"],
+                               "block p50 ms per token": blk[name]["p50_ms"] / blk["k"],
                                "k steps ms per token": blk[f"{name}_steps"]["mean_ms"] / blk["k"]})
+        if "body" in blk:
+            added = (blk[name]["p50_ms"] - blk["body"]["p50_ms"]) / blk["k"]
+            out[label].update({"head p50 ms per token in block": added,
+                               "head share of block": added / (blk[name]["p50_ms"] / blk["k"])})
     tab = pd.DataFrame(out).T
     tab.loc["dense / FlashHead"] = tab.loc["dense"] / tab.loc["FlashHead"]
     return tab

@@ -73,12 +73,16 @@ def step_drafts(profile: Profile) -> tuple[dict, torch.Tensor, int]:
 
 def block_bench(profile: Profile, drafts: dict, x: torch.Tensor, pos: int) -> dict:
     """A round's k proposals as the engine makes them with CUDA graphs (Runner.chain: one replay) against k
-    single steps (a replay of the body and one of the head each): mean, p50, p95 per block."""
+    single steps (a replay of the body and one of the head each): mean, p50, p95 per block. `body`: the dense
+    draft's chain with no head (each step fed the same token), so that block - body is what a head adds to the
+    block where its kernels overlap the body's last ones (programmatic dependent launch)."""
     b, k = profile.bench, profile.decode.k
-    fns = {}
+    fns, same = {}, x.view(1)
+    body_only = lambda h: same                                               # one object: one captured graph
     for name, d in drafts.items():
         fns[name] = lambda d=d: d.runner.chain(d.head.head, x, pos, k)
         fns[f"{name}_steps"] = lambda d=d: [d.head(d.runner.forward(x, pos + i)[:, -1]) for i in range(k)]
+    fns["body"] = lambda d=drafts[modes.DENSE]: d.runner.chain(body_only, x, pos, k)
     raw = bench.interleaved(fns, b.warmup, max(10, b.iters // 4), x.device)
     return {"k": k, **{name: bench.stats(ms) for name, ms in raw.items()}}
 
