@@ -191,3 +191,8 @@ def test_the_heads_triton_decisions_accept_the_real_kernels():
     assert why == "" and fn(W[5][None]).item() == head.reference(W[5][None]).item()
     fn, why = heads.dense_triton(W)
     assert why == "" and fn(W[7][None]).item() == heads.DenseHead(W)(W[7][None]).item()
+
+
+def test_launch_options_ask_for_programmatic_dependent_launch_only_where_the_gpu_has_it():
+    assert K.launches(torch.device("cpu"), 4) == (False, {"num_warps": 4})          # the interpreter: plain launches
+    assert K.launches(torch.device("cpu"), 2, pdl=False) == (False, {"num_warps": 2})
