@@ -141,9 +141,9 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
     tl.store(out_ptr + cols, (xf * r).to(x.dtype) * tl.load(g_ptr + cols, mask=cols < K), mask=cols < K)
 
 
-# Launch settings, measured on one H100 (h100 draft, bf16, position 300; devtmp benches of 2026-11-27): GEMV programs
-# of 8 KB of weights and 1 warp, attention splits of 16 positions and 1 warp took the body step (as the engine runs
-# it, Runner.chain) from 0.636 ms (16 KB, 2 warps; 32 positions, 2 warps) to 0.593 ms.
+# Launch settings, measured on one H100 (h100 draft, bf16, position 300; devtmp/bench_step25c.py in commit fdff1be): GEMV
+# programs of 8 KB of weights and 1 warp, attention splits of 16 positions and 1 warp took the body step (as the engine
+# runs it, Runner.chain) from 0.636 ms (16 KB, 2 warps; 32 positions, 2 warps) to 0.593 ms.
 TILE_BYTES, WARPS = 8192, 1
 SPLIT, ATTENTION_WARPS = 16, 1
 GEMVS = {"qkv": (True, False, False), "o": (False, False, True),   # (norm, glu, residual) of each GEMV
