@@ -141,9 +141,9 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
     tl.store(out_ptr + cols, (xf * r).to(x.dtype) * tl.load(g_ptr + cols, mask=cols < K), mask=cols < K)
 
 
-# Launch settings, measured on one H100 (h100 draft, bf16, position 300; devtmp/bench_step25c.py in commit fdff1be): GEMV
-# programs of 8 KB of weights and 1 warp, attention splits of 16 positions and 1 warp took the body step (as the engine
-# runs it, Runner.chain) from 0.636 ms (16 KB, 2 warps; 32 positions, 2 warps) to 0.593 ms.
+# Launch settings, measured on one H100 (h100 draft, bf16, position 300; devtmp/bench_step25c.py in commit fdff1be):
+# GEMV programs of 8 KB of weights and 1 warp, attention splits of 16 positions and 1 warp took the body step (as the
+# engine runs it, Runner.chain) from 0.636 ms (16 KB, 2 warps; 32 positions, 2 warps) to 0.593 ms.
 TILE_BYTES, WARPS = 8192, 1
 SPLIT, ATTENTION_WARPS = 16, 1
 GEMVS = {"qkv": (True, False, False), "o": (False, False, True),   # (norm, glu, residual) of each GEMV
@@ -264,8 +264,8 @@ def check(runner, step: FusedDecode, steps: int = 8) -> str:
     logits = (ref.to(W.dtype) @ W.T).float()
     picked = logits.gather(1, (got.to(W.dtype) @ W.T).argmax(-1, keepdim=True))[:, 0]
     gap = (logits.amax(-1) - picked) / logits.abs().amax(-1)
-    step.checked = {"steps": steps, "from_position": start, "rel_error": err, "tolerance": tol, "argmax_equal": int((gap == 0).sum()),
-                    "max_gap": gap.max().item()}
+    step.checked = {"steps": steps, "from_position": start, "rel_error": err, "tolerance": tol,
+                    "argmax_equal": int((gap == 0).sum()), "max_gap": gap.max().item()}
     if not err <= tol:
         return f"fused step off the reference: relative error {err:.3g} > {tol}"
     if not gap.max().item() <= tol:

@@ -18,9 +18,8 @@ disagree with a torch reference. A (value, index) pair travels as one int64 key 
 
 The kernels keep counters and a histogram between calls and leave them as they found them, so calls
 are CUDA-graph capturable; call each head once before capturing (that allocates the scratch).
-One stream at a time per device. On Hopper each launch is a programmatic dependent launch: the first
-weight tile (FlashHead's centroids, the dense head's rows) is read before the wait for the hidden state,
-while the kernel before (the fused draft step's final norm, lib/engine/decode.py) still runs.
+One stream at a time per device. On Hopper each launch is a programmatic dependent launch: the first weight
+tile is read before the wait for the hidden state, while the kernel before (e.g. decode.py's final norm) runs.
 """
 from dataclasses import dataclass
 
