@@ -178,11 +178,11 @@ class FusedDecode:
                  attention_warps: int = ATTENTION_WARPS):
         cfg, dev, dt = runner.model.config, runner.device, runner.dtype
         att = runner.layers[0].self_attn
-        self.runner, self.eps, self.warps = runner, cfg.rms_norm_eps, warps
-        self.attention_warps = attention_warps
+        self.runner, self.eps = runner, cfg.rms_norm_eps
         self.hq, self.hkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, runner.cache.k.shape[-1]
         self.qk_norm = hasattr(att, "q_norm")
-        self.pdl = launches(dev, warps)[0]
+        self.pdl, self.opts = launches(dev, warps)                            # Triton launch options, made once
+        self.attention_opts = launches(dev, attention_warps)[1]
         D, inter, L = cfg.hidden_size, cfg.intermediate_size, runner.cache.k.shape[3]
         self.split, self.ns = split, triton.cdiv(L, split)
         empty = lambda *shape, dtype=dt: torch.zeros(shape, dtype=dtype, device=dev)
@@ -213,18 +213,15 @@ class FusedDecode:
             self._gemv(self.act, None, mlp.down_proj.weight, self.x, "down")
         D = self.x.numel()
         _decode_norm[(1,)](self.x, r.body.norm.weight, self.out, self.eps, D, triton.next_power_of_2(D),
-                           self.pdl, **self._launch())
+                           self.pdl, **self.opts)
         return self.out
-
-    def _launch(self, warps: int | None = None) -> dict:
-        return launches(self.x.device, warps or self.warps)[1]
 
     def _gemv(self, x, g, w, out, name: str) -> None:
         norm, glu, residual = GEMVS[name]
         N, K = w.shape[0] // (2 if glu else 1), w.shape[1]
         bn = self.bn[name]
         _decode_gemv[(triton.cdiv(N, bn),)](x, g if norm else x, w, out, self.eps, N, K, triton.next_power_of_2(K),
-                                             bn, norm, glu, residual, self.pdl, **self._launch())
+                                             bn, norm, glu, residual, self.pdl, **self.opts)
 
     def _attention(self, att, kv: tuple, start: torch.Tensor) -> None:
         r, (k_cache, v_cache) = self.runner, kv
@@ -232,8 +229,7 @@ class FusedDecode:
         _decode_attention[(self.hkv, self.ns)](
             self.qkv, qn, kn, r.cos, r.sin, k_cache, v_cache, start, self.part, self.ml, self.count, self.attn,
             self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.hd, self.split, self.ns,
-            triton.next_power_of_2(self.ns), k_cache.shape[2], self.qk_norm, self.pdl,
-            **self._launch(self.attention_warps))
+            triton.next_power_of_2(self.ns), k_cache.shape[2], self.qk_norm, self.pdl, **self.attention_opts)
 
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 0.15}
