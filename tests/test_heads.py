@@ -177,8 +177,9 @@ from types import SimpleNamespace  # noqa: E402
 
 
 def fake_kernels(dense=None, flash=None):
-    """A stand-in for lib.engine.kernels: dense/flash are the kernel functions (h, W, ...) -> (1,) token."""
-    return lambda: SimpleNamespace(dense_greedy_triton=dense, flash_greedy_triton=flash)
+    """A stand-in for lib.engine's kernels and flash_kernels: dense/flash are the kernel functions (h, W, ...) -> (1,)
+    token."""
+    return lambda: (SimpleNamespace(dense_greedy_triton=dense), SimpleNamespace(flash_greedy_triton=flash))
 
 
 def dense_ref(h, W, *args):

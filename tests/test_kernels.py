@@ -1,4 +1,5 @@
-"""The Triton heads (lib/engine/kernels.py) against torch references, on the CPU under Triton's interpreter.
+"""The Triton heads (lib/engine/kernels.py, flash_kernels.py) against torch references, on the CPU under Triton's
+interpreter (FlashHead in two launches: the interpreter runs programs one after another).
 
 Small-integer weights make every fp32 dot product exact, so any summation order gives the same scores
 and ties are common: the tie rules (smaller cluster id, smaller token id) are tested exactly.
@@ -8,7 +9,8 @@ import torch
 
 from interpreted import interpreter_env, interpreter_or_skip  # noqa: F401 (interpreter_env: an autouse fixture)
 
-interpreter_or_skip("lib.engine.kernels")
+interpreter_or_skip("lib.engine.kernels", "lib.engine.flash_kernels")
+import lib.engine.flash_kernels as F  # noqa: E402
 import lib.engine.kernels as K  # noqa: E402
 
 
@@ -40,21 +42,25 @@ def flash_ref(h, W, cents, c2t_ext, p):
 
 
 FAST, FULL = dict(S=64), dict(S=2, TF=8, T=2)      # slab fits every bin / overflows: full select, tiled
+NARROW = dict(S=64, WIN=2)                          # the plan reads the histogram 2 bins at a time: many windows
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_flash_matches_reference_with_ties(seed):
     g, W, cents, c2t_ext = problem(seed)
     c = cents.shape[0]
-    paths = set()
+    paths, windows = set(), set()
     for p in (1, 2, 3, 5, 16, 36, c):
-        for cfg in (FAST, FULL):
+        for cfg in (FAST, FULL, NARROW):
             h = ints(g, 1, W.shape[1])
-            got = K.flash_greedy_triton(h, W, cents, c2t_ext, p, R=8, BLOCK_D=16, **cfg)
+            got = F.flash_greedy_triton(h, W, cents, c2t_ext, p, R=8, BLOCK_D=16, **cfg)
             assert got.shape == (1,) and got.dtype == torch.int64
             assert got.item() == flash_ref(h, W, cents, c2t_ext, p).item(), (p, cfg)
-            paths.add((cfg["S"], K._scratch(h.device, c, cfg["S"])["plan"][3].item()))
+            plan = K.scratch(h.device, c, cfg["S"])["plan"]
+            paths.add((cfg["S"], plan[3].item()))
+            windows.add(cfg.get("WIN", 256) > plan[4].item() - plan[0].item())   # the P-th score's bin in window 1?
     assert paths == {(64, 0), (2, 0), (2, 1)}                          # both paths ran
+    assert windows == {True, False}                                    # and the plan read past its first window
 
 
 def test_flash_all_scores_equal():
@@ -64,7 +70,7 @@ def test_flash_all_scores_equal():
     h = ints(g, 1, W.shape[1])
     for p in (1, 3, 8, cents.shape[0]):
         for cfg in (FAST, FULL):
-            got = K.flash_greedy_triton(h, W, cents, c2t_ext, p, R=4, BLOCK_D=8, **cfg)
+            got = F.flash_greedy_triton(h, W, cents, c2t_ext, p, R=4, BLOCK_D=8, **cfg)
             assert got.item() == flash_ref(h, W, cents, c2t_ext, p).item()
 
 
@@ -75,14 +81,14 @@ def test_flash_without_special_tokens_scores_only_the_probes():
     assert c2t_ext[-1].eq(-1).all()
     for p in (1, 4, 20):
         h = ints(g, 1, W.shape[1])
-        assert K.flash_greedy_triton(h, W, cents, c2t_ext, p, S=8).item() == flash_ref(h, W, cents, c2t_ext, p).item()
+        assert F.flash_greedy_triton(h, W, cents, c2t_ext, p, S=8).item() == flash_ref(h, W, cents, c2t_ext, p).item()
 
 
 def test_flash_special_token_wins():
     g, W, cents, c2t_ext = problem(3)
     W[70] = 50.0                                                        # a special token, scored always
     h = torch.ones(1, W.shape[1])
-    assert K.flash_greedy_triton(h, W, cents, c2t_ext, 1, S=8).item() == 70
+    assert F.flash_greedy_triton(h, W, cents, c2t_ext, 1, S=8).item() == 70
 
 
 def random_clusters(g: torch.Generator, c: int, b: int, d: int):
@@ -106,7 +112,7 @@ def test_flash_matches_flashhead_reference():
         fh = head.with_probes(p)
         for t in torch.randint(0, c * b, (4,), generator=g):
             h = W[t][None] + 0.3 * torch.randn(1, d, generator=g)
-            assert K.flash_greedy_triton(h, W, cents, c2t_ext, p, S=16).item() == fh.reference(h).item()
+            assert F.flash_greedy_triton(h, W, cents, c2t_ext, p, S=16).item() == fh.reference(h).item()
 
 
 def test_flash_repeated_calls_leave_state_clean():
@@ -115,9 +121,9 @@ def test_flash_repeated_calls_leave_state_clean():
     for i in range(6):
         h = ints(g, 1, W.shape[1])
         p = 1 + i * 5
-        assert K.flash_greedy_triton(h, W, cents, c2t_ext, p, S=8).item() == flash_ref(h, W, cents, c2t_ext, p).item()
-    s = K._scratch(h.device, cents.shape[0], 8)
-    assert s["count"].eq(0).all() and s["hist"].eq(0).all() and s["best"].item() == -2 ** 63
+        assert F.flash_greedy_triton(h, W, cents, c2t_ext, p, S=8).item() == flash_ref(h, W, cents, c2t_ext, p).item()
+    s = K.scratch(h.device, cents.shape[0], 8)
+    assert s["ctl"].eq(0).all() and s["hist"].eq(0).all() and s["best"].item() == -2 ** 63
 
 
 @pytest.mark.parametrize("V,d,R", [(300, 24, 16), (1000, 40, 64), (7, 8, 4)])
@@ -162,7 +168,7 @@ def test_running_counts_are_exact_past_32768_in_one_tile(case):
     else:                                     # clusters 0..32767 in bins above the P-th score's: compacted first
         score, P = torch.where(i < tile, _decreasing(C, 4096.0), _decreasing(C, 1024.0)), tile + 100
     cents = score.float()[:, None].contiguous()
-    s = K.flash_probes_triton(torch.ones(1, 1), cents, P, R=1024, S=2, TF=tile, T=tile)
+    s = F.flash_probes_triton(torch.ones(1, 1), cents, P, R=1024, S=2, TF=tile, T=tile)
     assert s["plan"][3].item() == 1                                       # the slab overflowed: full selection
     want = torch.sort(-score, stable=True).indices[:P]
     assert torch.equal(s["probes"][:P].sort().values, want.sort().values.to(s["probes"].dtype))
@@ -170,7 +176,8 @@ def test_running_counts_are_exact_past_32768_in_one_tile(case):
 
 @pytest.mark.parametrize("kw,match", [
     (dict(n_probes=0), "n_probes must be in 1..37"), (dict(n_probes=38), "n_probes must be in 1..37"),
-    (dict(S=48), "S must be a power of two"), (dict(TF=3000), "TF must be a power of two"),
+    (dict(S=48), "S must be a power of two"), (dict(WIN=8192), "WIN must be a power of two up to 4096"),
+    (dict(TF=3000), "TF must be a power of two"),
     (dict(T=1 << 21), r"tiles TF and T hold at most 1048576 elements"), (dict(rows=37), "c2t_ext needs 38 rows")])
 def test_flash_configuration_is_checked_on_the_host(kw, match):
     g, W, cents, c2t_ext = problem(0)
@@ -178,8 +185,8 @@ def test_flash_configuration_is_checked_on_the_host(kw, match):
     c2t = c2t_ext[:rows] if rows else c2t_ext
     p = kw.pop("n_probes", 2)
     with pytest.raises(ValueError, match=match):
-        K.flash_greedy_triton(ints(g, 1, W.shape[1]), W, cents, c2t, p, **kw)
-    K.check_flash_config(37, 4, 37, 38, 1, 1 << 20, 1 << 20)              # the largest tiles are allowed
+        F.flash_greedy_triton(ints(g, 1, W.shape[1]), W, cents, c2t, p, **kw)
+    F.check_flash_config(37, 4, 37, 38, F.FlashTuning(S=1, TF=1 << 20, T=1 << 20, WIN=4096))   # the largest: allowed
 
 
 def test_the_heads_triton_decisions_accept_the_real_kernels():

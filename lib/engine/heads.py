@@ -1,12 +1,12 @@
 """Greedy LM heads: the dense head and FlashHead (cluster-first retrieval), both token-on-device.
 
 Kernel paths. kernel="triton" (the profile's bench.head_kernel, the default) on a CUDA weight runs the Triton
-kernels of lib/engine/kernels.py for one hidden state, checked at construction against an fp32 selection on probe
-hidden states; a head that cannot have them (Triton not importable, a disagreement, an exception, too many
-special tokens) raises KernelUnavailable with one line naming the reason: there is no fallback. kernel="torch",
-and any head on a CPU, runs torch ops (on a CPU that is the path, not a fallback: head_kernel applies to CUDA
-only). Every head says which path it really runs: `kernel_ran`, "triton" or "torch" (batches of hidden states
-always take the torch path; the engine's draft step is one hidden state)."""
+kernels of lib/engine/kernels.py (dense) and flash_kernels.py for one hidden state, checked at construction against
+an fp32 selection on probe hidden states; a head that cannot have them (Triton not importable, a disagreement, an
+exception, too many special tokens) raises KernelUnavailable with one line naming the reason: there is no fallback.
+kernel="torch", and any head on a CPU, runs torch ops (on a CPU that is the path, not a fallback: head_kernel
+applies to CUDA only). Every head says which path it really runs: `kernel_ran`, "triton" or "torch" (batches of
+hidden states always take the torch path; the engine's draft step is one hidden state)."""
 from __future__ import annotations
 
 import torch
@@ -77,6 +77,14 @@ class FlashHead:
         """The path that picks the token of one hidden state: "triton" or "torch"."""
         return "triton" if self.fused is not None else "torch"
 
+    @property
+    def launches(self) -> int | None:
+        """Kernel launches of the Triton path for one hidden state (flash_kernels.launch_count); None on torch."""
+        if self.fused is None:
+            return None
+        F = triton_kernels()[1]
+        return F.launch_count(self.weight.device, self.n_clusters, self.n_probes, F.FlashTuning())
+
     def probes(self, h: torch.Tensor) -> torch.Tensor:
         """The top-p clusters (n,p) for hidden states h (n,d)."""
         scores = h @ self.centroids.T                                           # (n,c)
@@ -136,9 +144,9 @@ def wants_triton(kernel: str, weight: torch.Tensor) -> bool:
 
 
 def triton_kernels():
-    """lib.kernels, the Triton heads (ImportError where Triton is absent)."""
-    from . import kernels
-    return kernels
+    """The Triton heads' modules (kernels, flash_kernels; ImportError where Triton is absent)."""
+    from . import flash_kernels, kernels
+    return kernels, flash_kernels
 
 
 def require_triton(decision: tuple, head: str, weight: torch.Tensor):
@@ -181,7 +189,7 @@ def flash_triton(head: FlashHead) -> tuple:
     the special tokens fit one cluster row and the kernel picks exact_fp32's token on probe hidden states;
     (None, reason) otherwise."""
     try:
-        K = triton_kernels()
+        _, F = triton_kernels()
     except ImportError as e:
         return None, f"Triton is not importable ({one_line(e)})"
     c, b = head.c2t.shape
@@ -190,7 +198,7 @@ def flash_triton(head: FlashHead) -> tuple:
     special = head.special.repeat(b)[:b] if head.special.numel() else torch.full_like(head.c2t[0], -1)
     c2t_ext = torch.cat([head.c2t, special[None]]).contiguous()                 # row c: the special tokens (-1: none)
     W, cents, p = head.weight.contiguous(), head.centroids.contiguous(), head.n_probes
-    fn = lambda h: on_device(W, K.flash_greedy_triton, h.contiguous(), W, cents, c2t_ext, p)
+    fn = lambda h: on_device(W, F.flash_greedy_triton, h.contiguous(), W, cents, c2t_ext, p)
     probe = probe_states(W)
     return checked(fn, probe, exact_fp32(head, probe))
 
@@ -199,7 +207,7 @@ def dense_triton(weight: torch.Tensor) -> tuple:
     """The Triton dense head for one hidden state and the reason it cannot be used: (fn, "") when Triton imports
     and the kernel picks the fp32 argmax (ties: the smallest id) on probe hidden states; (None, reason) otherwise."""
     try:
-        K = triton_kernels()
+        K, _ = triton_kernels()
     except ImportError as e:
         return None, f"Triton is not importable ({one_line(e)})"
     W = weight.contiguous()
