@@ -12,6 +12,8 @@ from interpreted import interpreter_env, interpreter_or_skip  # noqa: F401 (inte
 interpreter_or_skip("lib.engine.kernels", "lib.engine.flash_kernels")
 import lib.engine.flash_kernels as F  # noqa: E402
 import lib.engine.kernels as K  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 
 def ints(g, *shape, lo=-2, hi=2):
@@ -42,25 +44,21 @@ def flash_ref(h, W, cents, c2t_ext, p):
 
 
 FAST, FULL = dict(S=64), dict(S=2, TF=8, T=2)      # slab fits every bin / overflows: full select, tiled
-NARROW = dict(S=64, WIN=2)                          # the plan reads the histogram 2 bins at a time: many windows
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_flash_matches_reference_with_ties(seed):
     g, W, cents, c2t_ext = problem(seed)
     c = cents.shape[0]
-    paths, windows = set(), set()
+    paths = set()
     for p in (1, 2, 3, 5, 16, 36, c):
-        for cfg in (FAST, FULL, NARROW):
+        for cfg in (FAST, FULL):
             h = ints(g, 1, W.shape[1])
             got = F.flash_greedy_triton(h, W, cents, c2t_ext, p, R=8, BLOCK_D=16, **cfg)
             assert got.shape == (1,) and got.dtype == torch.int64
             assert got.item() == flash_ref(h, W, cents, c2t_ext, p).item(), (p, cfg)
-            plan = K.scratch(h.device, c, cfg["S"])["plan"]
-            paths.add((cfg["S"], plan[3].item()))
-            windows.add(cfg.get("WIN", 256) > plan[4].item() - plan[0].item())   # the P-th score's bin in window 1?
+            paths.add((cfg["S"], K.scratch(h.device, c, cfg["S"])["plan"][3].item()))
     assert paths == {(64, 0), (2, 0), (2, 1)}                          # both paths ran
-    assert windows == {True, False}                                    # and the plan read past its first window
 
 
 def test_flash_all_scores_equal():
@@ -167,17 +165,29 @@ def test_running_counts_are_exact_past_32768_in_one_tile(case):
         score, P = _decreasing(C, 1024.0), 39000
     else:                                     # clusters 0..32767 in bins above the P-th score's: compacted first
         score, P = torch.where(i < tile, _decreasing(C, 4096.0), _decreasing(C, 1024.0)), tile + 100
-    cents = score.float()[:, None].contiguous()
-    s = F.flash_probes_triton(torch.ones(1, 1), cents, P, R=1024, S=2, TF=tile, T=tile)
-    assert s["plan"][3].item() == 1                                       # the slab overflowed: full selection
+    keys = keys_of(score.float())                                        # as kernels._key makes them
+    top = ((keys.sort(descending=True).values[P - 1] >> 52) + 2048).item()    # the P-th score's bin
+    cand, probes = torch.zeros(C, dtype=torch.int64), torch.zeros(C, dtype=torch.int32)
+    _select_all_kernel[(1,)](keys, cand, probes, C, P, top, tile, tile)      # one program: the selection alone
     want = torch.sort(-score, stable=True).indices[:P]
-    assert torch.equal(s["probes"][:P].sort().values, want.sort().values.to(s["probes"].dtype))
+    assert torch.equal(probes[:P].sort().values, want.sort().values.to(probes.dtype))
+
+
+def keys_of(v: torch.Tensor) -> torch.Tensor:
+    """kernels._key of fp32 scores v (no -0.0 here) and their indices, in torch."""
+    b = v.view(torch.int32)
+    ordered = b ^ ((b >> 31) & 0x7FFFFFFF)
+    return (ordered.long() << 32) | (0x7FFFFFFF - torch.arange(len(v)))
+
+
+@triton.jit
+def _select_all_kernel(keys_ptr, cand_ptr, probes_ptr, C, P, top, TF: tl.constexpr, T: tl.constexpr):
+    F._select_all(keys_ptr, cand_ptr, probes_ptr, C, P, top, TF, T)
 
 
 @pytest.mark.parametrize("kw,match", [
     (dict(n_probes=0), "n_probes must be in 1..37"), (dict(n_probes=38), "n_probes must be in 1..37"),
-    (dict(S=48), "S must be a power of two"), (dict(WIN=8192), "WIN must be a power of two up to 4096"),
-    (dict(TF=3000), "TF must be a power of two"),
+    (dict(S=48), "S must be a power of two"), (dict(TF=3000), "TF must be a power of two"),
     (dict(T=1 << 21), r"tiles TF and T hold at most 1048576 elements"), (dict(rows=37), "c2t_ext needs 38 rows")])
 def test_flash_configuration_is_checked_on_the_host(kw, match):
     g, W, cents, c2t_ext = problem(0)
@@ -186,7 +196,7 @@ def test_flash_configuration_is_checked_on_the_host(kw, match):
     p = kw.pop("n_probes", 2)
     with pytest.raises(ValueError, match=match):
         F.flash_greedy_triton(ints(g, 1, W.shape[1]), W, cents, c2t, p, **kw)
-    F.check_flash_config(37, 4, 37, 38, F.FlashTuning(S=1, TF=1 << 20, T=1 << 20, WIN=4096))   # the largest: allowed
+    F.check_flash_config(37, 4, 37, 38, F.FlashTuning(S=1, TF=1 << 20, T=1 << 20))   # the largest: allowed
 
 
 def test_the_heads_triton_decisions_accept_the_real_kernels():

@@ -77,14 +77,6 @@ class FlashHead:
         """The path that picks the token of one hidden state: "triton" or "torch"."""
         return "triton" if self.fused is not None else "torch"
 
-    @property
-    def launches(self) -> int | None:
-        """Kernel launches of the Triton path for one hidden state (flash_kernels.launch_count); None on torch."""
-        if self.fused is None:
-            return None
-        F = triton_kernels()[1]
-        return F.launch_count(self.weight.device, self.n_clusters, self.n_probes, F.FlashTuning())
-
     def probes(self, h: torch.Tensor) -> torch.Tensor:
         """The top-p clusters (n,p) for hidden states h (n,d)."""
         scores = h @ self.centroids.T                                           # (n,c)

@@ -105,16 +105,16 @@ NBINS = 4096                    # the FlashHead centroid histogram's bins (flash
 
 
 def scratch(device, C: int = 0, S: int = 1) -> dict:
-    """Per-device state the kernels restore after each call (ctl: 4 control words, best: a key) and per-size
-    scratch for FlashHead over C clusters with S slab slots a bin; never reallocated (a captured graph keeps the
-    addresses)."""
+    """Per-device state the kernels restore after each call (ctl: control words 128 bytes apart, best: a key) and
+    per-size scratch for FlashHead over C clusters with S slab slots a bin; never reallocated (a captured graph
+    keeps the addresses)."""
     key = (str(device), C, S)
     if key not in _SCRATCH:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("call flash_greedy_triton / dense_greedy_triton once before graph capture")
         z = lambda n, dt=torch.int32: torch.zeros(n, dtype=dt, device=device)
-        _SCRATCH[key] = dict(ctl=z(4), best=torch.full((1,), -2 ** 63, dtype=torch.int64, device=device),
-                             hist=z(NBINS), above=z(NBINS), plan=z(8), keys=z(max(C, 1), torch.int64),
+        _SCRATCH[key] = dict(ctl=z(128), best=torch.full((1,), -2 ** 63, dtype=torch.int64, device=device),
+                             hist=z(NBINS), plan=z(4), keys=z(max(C, 1), torch.int64),
                              slab=z(NBINS * S, torch.int64), probes=z(max(C, 1)), cand=z(max(C, 1), torch.int64))
     return _SCRATCH[key]
 

@@ -44,8 +44,7 @@ def head_and_step_bench(profile: Profile, prepared: tuple | None = None) -> dict
     sweep = [probe_point(fh.with_probes(p, k), h, b, dev) for k in kernels for p in profile.clustering.probe_sweep]
     result = {"device": bench.device_name(dev), "n_probes": fh.n_probes, "head": heads, "model_step": step,
               "probe_sweep": sweep, "decode_path": {k: d.runner.decode_path for k, d in drafts.items()},
-              "decode_check": {k: getattr(d.runner.decode, "checked", None) for k, d in drafts.items()},
-              "flash_launches": fh.launches}
+              "decode_check": {k: getattr(d.runner.decode, "checked", None) for k, d in drafts.items()}}
     if dev.type == "cuda":                                                   # hardware floors, head paths, blocks
         result["floors"] = floors(dense, fh, bench.copy_bandwidth(dev))
         result["dense_paths"] = {k: bench.stats(bench.time_calls(
