@@ -200,8 +200,8 @@ class FlashTuning:
     BLOCK_D: int = 1024
     BLOCK_D2: int = 1024
     warps: int = 8
-    warps2: int = 4
-    S: int = 256
+    warps2: int = 16            # launch 2: every program scans the 4,096 bins (H100, K=6 block: 4 warps 25.1 us
+    S: int = 256                # a step, 8 warps 20.5, 16 warps 19.3; devtmp/bench_flash3.py in the experiment record)
     TF: int = 4096
     T: int = 1024
     pdl: bool = True
