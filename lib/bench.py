@@ -138,11 +138,12 @@ def device_name(device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-# First match wins: this study's Triton heads (lib/engine/kernels.py) first; inductor's kernels that hold a matmul
+# First match wins: this study's Triton heads (lib/engine/kernels.py, flash_kernels.py; _flash_probes: the name of
+# FlashHead's first launch in files before dc1aff3) first; inductor's kernels that hold a matmul
 # (coordinate-descent tuning turns one-row matmuls into Triton reductions fused with their norms, activations
 # and residual adds: "_mm_" in the name) before plain GEMMs (cuBLAS on Hopper names its GEMMs nvjet_*); other
 # compiled kernels before attention, since inductor names the fusions around attention after the ops they hold.
-KERNEL_KINDS = (("LM head (Triton)", ("_flash_probes", "_flash_tokens", "_dense_argmax")),
+KERNEL_KINDS = (("LM head (Triton)", ("_flash_scores", "_flash_probes", "_flash_tokens", "_dense_argmax")),
                 ("fused decode GEMV (Triton)", ("_decode_gemv",)),
                 ("fused decode attention (Triton)", ("_decode_attention",)),
                 ("fused decode norm (Triton)", ("_decode_norm",)),
