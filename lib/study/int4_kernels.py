@@ -110,14 +110,7 @@ def _tinygemm(awq: tuple, K: int, N: int):
     return make
 
 
-GEMLITE_AUTOTUNE = "default"    # one configuration a kernel: with "fast" (its default) the builds passed 150 s
-
-
 def _gemlite(awq: tuple, K: int, N: int):
-    from gemlite.triton_kernels.config import AUTOTUNE, set_autotune
-    if AUTOTUNE.GEMV != GEMLITE_AUTOTUNE:
-        set_autotune(GEMLITE_AUTOTUNE)                                              # reloads its kernels
-
     def make(x):
         from gemlite.core import DType, GemLiteLinearTriton
         m = GemLiteLinearTriton(W_nbits=4, group_size=GROUP, in_features=K, out_features=N,
@@ -182,7 +175,6 @@ def int4_kernel_bench(profile: Profile, iters: int = 30) -> dict | None:
         return None
     bw = bench.copy_bandwidth(dev)
     result = {"device": bench.device_name(dev), "copy_GBps": bw / 1e9, "activations": "float16 (tinygemm: bfloat16)",
-              "gemlite_autotune": GEMLITE_AUTOTUNE,
               "shapes": {name: {"K": K, "N": N, "floor_ms": int4_bytes(K, N) / bw * 1e3,
                                 "rows": {str(m): {} for m in ROWS}, "unavailable": {}}
                          for name, (K, N) in shapes.items()}}
