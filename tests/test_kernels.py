@@ -1,9 +1,7 @@
 """The Triton heads (lib/engine/kernels.py, flash_kernels.py) against torch references, on the CPU under Triton's
-interpreter (FlashHead in two launches: the interpreter runs programs one after another).
-
-Small-integer weights make every fp32 dot product exact, so any summation order gives the same scores
-and ties are common: the tie rules (smaller cluster id, smaller token id) are tested exactly.
-Skipped where Triton is not installed (CI)."""
+interpreter, which runs a launch's programs one after another (tests/test_kernels_cuda.py: the same cases on a GPU).
+Exact-integer cases (tests/flash_cases.py): the tie rules are tested exactly. Skipped where Triton is not installed
+(CI)."""
 import pytest
 import torch
 
@@ -14,34 +12,7 @@ import lib.engine.flash_kernels as F  # noqa: E402
 import lib.engine.kernels as K  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-
-
-def ints(g, *shape, lo=-2, hi=2):
-    return torch.randint(lo, hi + 1, shape, generator=g).float()
-
-
-def problem(seed, c=37, b=4, d=24, specials=(3, 70)):
-    """Integer W (V,d), centroids (c,d), c2t_ext (c+1,b) from a random equal-size assignment."""
-    g = torch.Generator().manual_seed(seed)
-    V = c * b
-    W, cents = ints(g, V, d), ints(g, c, d)
-    c2t = torch.randperm(V, generator=g).view(c, b)
-    spec = torch.full((b,), -1, dtype=torch.long)
-    spec[:len(specials)] = torch.tensor(specials)
-    return g, W, cents, torch.cat([c2t, spec[None]]).contiguous()
-
-
-def flash_ref(h, W, cents, c2t_ext, p):
-    """The documented rule in float64 (exact here): top-p clusters by (score desc, id asc), then the
-    candidate token with the largest logit, smallest id among equals."""
-    c = cents.shape[0]
-    s = (cents.double() @ h[0].double())
-    probes = torch.sort(-s, stable=True).indices[:p]                   # stable: equal scores by id
-    cand = torch.cat([c2t_ext[probes].flatten(), c2t_ext[c]])
-    cand = cand[cand >= 0]
-    logits = W[cand].double() @ h[0].double()
-    return cand[logits == logits.max()].min()
-
+from flash_cases import flash_ref, ints, problem  # noqa: E402
 
 FAST, FULL = dict(S=64), dict(S=2, TF=8, T=2)      # slab fits every bin / overflows: full select, tiled
 

@@ -1,0 +1,31 @@
+"""Exact-integer FlashHead cases shared by the Triton head tests (tests/test_kernels.py under the interpreter,
+tests/test_kernels_cuda.py on a GPU): small-integer weights make every fp32 dot product exact, so any summation
+order gives the same scores, ties are common, and the tie rules (smaller cluster id, smaller token id) are exact."""
+import torch
+
+
+def ints(g, *shape, lo=-2, hi=2):
+    return torch.randint(lo, hi + 1, shape, generator=g).float()
+
+
+def problem(seed, c=37, b=4, d=24, specials=(3, 70)):
+    """Integer W (V,d), centroids (c,d), c2t_ext (c+1,b) from a random equal-size assignment."""
+    g = torch.Generator().manual_seed(seed)
+    V = c * b
+    W, cents = ints(g, V, d), ints(g, c, d)
+    c2t = torch.randperm(V, generator=g).view(c, b)
+    spec = torch.full((b,), -1, dtype=torch.long)
+    spec[:len(specials)] = torch.tensor(specials)
+    return g, W, cents, torch.cat([c2t, spec[None]]).contiguous()
+
+
+def flash_ref(h, W, cents, c2t_ext, p):
+    """The documented rule in float64 (exact here): top-p clusters by (score desc, id asc), then the
+    candidate token with the largest logit, smallest id among equals."""
+    c = cents.shape[0]
+    s = (cents.double() @ h[0].double())
+    probes = torch.sort(-s, stable=True).indices[:p]                   # stable: equal scores by id
+    cand = torch.cat([c2t_ext[probes].flatten(), c2t_ext[c]])
+    cand = cand[cand >= 0]
+    logits = W[cand].double() @ h[0].double()
+    return cand[logits == logits.max()].min()

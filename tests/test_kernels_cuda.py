@@ -1,0 +1,71 @@
+"""The Triton heads on a CUDA GPU, where a launch's programs run at once (FlashHead's overflow path: a ticket and a
+flag; programmatic dependent launch on Hopper): the exact-integer cases of tests/test_kernels.py in fp32 and bf16,
+every path of the plan hit. Skipped without a GPU (CI) and where Triton was imported under the interpreter (run
+this file alone then)."""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+    pytest.skip("needs a CUDA GPU and compiled (not interpreted) Triton", allow_module_level=True)
+pytest.importorskip("triton")
+import lib.engine.flash_kernels as F  # noqa: E402
+import lib.engine.kernels as K  # noqa: E402
+from flash_cases import flash_ref, ints, problem  # noqa: E402
+
+if type(K._dense_argmax).__name__ == "InterpretedFunction":
+    pytest.skip("Triton was imported under the interpreter: run this file alone", allow_module_level=True)
+
+DEV = torch.device("cuda")
+PATHS = {"short sort": dict(S=64), "S-wide sort": dict(S=64), "overflow": dict(S=2, TF=8, T=2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(3))
+def test_flash_is_exact_on_every_path(seed, dtype):
+    """Random integer centroids (the P-th score's bin holds few: the short sort), equal ones (all 37 in one bin:
+    the sort over S slots) and a slab of 2 (overflow: the first program selects, the others wait); then the
+    scratch is clean."""
+    g, W, cents, c2t_ext = problem(seed)
+    c, overflowed = cents.shape[0], set()
+    for path, cfg in PATHS.items():
+        cs = torch.ones_like(cents) if path == "S-wide sort" else cents
+        for p in (1, 2, 5, 16, 36, c):
+            h = ints(g, 1, W.shape[1])
+            want = flash_ref(h, W, cs, c2t_ext, p).item()
+            got = F.flash_greedy_triton(h.to(DEV, dtype), W.to(DEV, dtype), cs.to(DEV, dtype), c2t_ext.to(DEV), p,
+                                        **cfg)
+            plan = K.scratch(DEV, c, cfg["S"])["plan"].tolist()
+            assert got.item() == want, (path, p, plan)
+            overflowed.add((path, plan[3]))
+            if path == "S-wide sort":
+                assert plan[2] == c                                       # all in one bin, sorted in the slab
+    assert overflowed == {("short sort", 0), ("S-wide sort", 0), ("overflow", 0), ("overflow", 1)}
+    for S in (64, 2):
+        s = K.scratch(DEV, c, S)
+        assert s["ctl"].eq(0).all() and s["hist"].eq(0).all() and s["best"].item() == -2 ** 63
+
+
+def test_flash_many_programs_and_ties():
+    """600 clusters of 3-valued scores (large tied bins) at 64 and 128 probes, the launch settings' defaults."""
+    g = torch.Generator().manual_seed(5)
+    c, b, d = 600, 4, 8
+    W, cents = ints(g, c * b, d), ints(g, c, d, lo=-1, hi=1)
+    c2t_ext = torch.cat([torch.randperm(c * b, generator=g).view(c, b), torch.full((1, b), -1)]).contiguous()
+    for p in (64, 128):
+        for _ in range(4):
+            h = ints(g, 1, d)
+            got = F.flash_greedy_triton(h.to(DEV), W.to(DEV), cents.to(DEV), c2t_ext.to(DEV), p)
+            assert got.item() == flash_ref(h, W, cents, c2t_ext, p).item()
+
+
+def test_dense_is_argmax_smallest_id_on_the_gpu():
+    g = torch.Generator().manual_seed(2)
+    W = ints(g, 5000, 64)
+    W[4000] = W[17]                                                             # a planted tie
+    for _ in range(4):
+        h = ints(g, 1, 64)
+        logits = W.double() @ h[0].double()
+        best = (logits == logits.max()).nonzero().flatten()
+        assert K.dense_greedy_triton(h.to(DEV, torch.bfloat16), W.to(DEV, torch.bfloat16)).item() == best.min().item()
