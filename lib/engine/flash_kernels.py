@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch, triton, triton.language as tl
 
-from .kernels import NBINS, _MIN64, _dot_rows, _finish, _key, _launch_next, _running_counts, _wait, launches, scratch
+from .kernels import (NBINS, _MIN64, _dot_rows, _finish, _index, _key, _launch_next, _running_counts, _wait,
+                      launches, scratch)
 
 _SHIFT = tl.constexpr(20)       # the centroid histogram bins scores by their top 12 bits (sign, exponent,
 _NBINS = tl.constexpr(NBINS)    # 3 mantissa bits): a bin spans 1/8 of an octave
@@ -125,13 +126,13 @@ def _flash_tokens(h_ptr, w_ptr, c2t_ptr, keys_ptr, hist_ptr, slab_ptr, plan_ptr,
     elif i < n_up:                                            # in a bin above top: find the bin and the slot
         b = _NBINS - tl.sum((above <= i).to(tl.int32), 0)     # the lowest bin with <= i clusters above it
         slot = i - tl.sum(tl.where(bins == b, above, 0), 0)
-        cluster = _cluster(tl.load(slab_ptr + b.to(tl.int64) * S + slot, cache_modifier=".cg"))
+        cluster = _index(tl.load(slab_ptr + b.to(tl.int64) * S + slot, cache_modifier=".cg"))
     elif i < P:                                               # in bin top: the (i - n_up)-th best there
         row = slab_ptr + top.to(tl.int64) * S
         if m <= 32:                                           # the usual case: a short sort
-            cluster = _cluster(_ranked(row, m, i - n_up, 32))
+            cluster = _index(_ranked(row, m, i - n_up, 32))
         else:
-            cluster = _cluster(_ranked(row, m, i - n_up, S))
+            cluster = _index(_ranked(row, m, i - n_up, S))
     else:
         cluster = C                                           # the special tokens' row
     jb = tl.arange(0, BP)
@@ -142,11 +143,6 @@ def _flash_tokens(h_ptr, w_ptr, c2t_ptr, keys_ptr, hist_ptr, slab_ptr, plan_ptr,
         tl.store(hist_ptr + bins, tl.zeros_like(cnt))         # every program has read it
         tl.store(ctl_ptr + _TICKET, 0)
         tl.store(ctl_ptr + _READY, 0)
-
-
-@triton.jit
-def _cluster(k):
-    return (0x7FFFFFFF - (k & 0x7FFFFFFF)).to(tl.int32)
 
 
 @triton.jit

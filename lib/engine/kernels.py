@@ -34,6 +34,12 @@ def _key(v, idx, ok):
 
 
 @triton.jit
+def _index(k):
+    """The index of a key (_key's inverse for its low half), int32."""
+    return (0x7FFFFFFF - (k & 0x7FFFFFFF)).to(tl.int32)
+
+
+@triton.jit
 def _launch_next(PDL: tl.constexpr):
     """Let the next kernel launch now (programmatic dependent launch, Hopper): before its wait (_wait) that
     kernel reads only what was written before this one began (weights, older cache positions)."""
@@ -86,7 +92,7 @@ def _finish(key, best_ptr, count_ptr, out_ptr, n):
     if last:
         best = tl.atomic_xchg(best_ptr, _MIN64)
         tl.store(count_ptr, 0)
-        tl.store(out_ptr, 0x7FFFFFFF - (best & 0x7FFFFFFF))
+        tl.store(out_ptr, _index(best))
     return last
 
 
