@@ -468,6 +468,7 @@ def test_head_ratios_divide_flash_by_dense_per_schedule():
 
 
 def test_draft_step_table_reads_bandwidth_and_shares_from_microbench():
+    from lib.report.figures import head_effect_plot
     from lib.report.micro import draft_step_table
     st = lambda ms: {"mean_ms": ms, "p50_ms": ms, "p95_ms": ms}
     micro = {"model_step": {"dense": st(0.8), "flash": st(0.7), "dense_reference": st(1.4), "flash_reference": st(1.3)},
@@ -482,8 +483,15 @@ def test_draft_step_table_reads_bandwidth_and_shares_from_microbench():
     assert t.loc["dense / FlashHead", "step ms (fused)"] == pytest.approx(0.8 / 0.7)
     assert t.loc["dense", "head p50 ms per token in block"] == pytest.approx(0.2)              # (2.8 - 2.0) / 4
     assert t.loc["FlashHead", "head share of block"] == pytest.approx(0.1 / 0.6)
+    ratios = pd.DataFrame({"measured flash/dense": [1.02, 1.03], "model flash/dense": [1.025, 1.03]},
+                          index=["ordinary", "deferred"])
+    fig = head_effect_plot(micro, ratios)
+    bars = fig.axes[0].patches                                                  # body, body, head, head
+    assert [round(p.get_width(), 6) for p in bars] == [0.5, 0.5, 0.2, 0.1]       # body 2.0 / 4; heads as above
+    assert [round(p.get_height(), 6) for p in fig.axes[1].patches] == [1.02, 1.03, 1.025, 1.03]
     del micro["block"]["body"]                                                  # runs before the body was measured
     assert "head share of block" not in draft_step_table(micro).columns
+    assert head_effect_plot(micro, ratios) is None and head_effect_plot({"model_step": {}}, ratios) is None
 
 
 def test_int4_kernel_table_sums_a_layer_and_relates_to_the_floor():

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .. import modes
+from .micro import draft_step_table
 
 if "inline" not in matplotlib.get_backend():        # a notebook keeps its inline backend (its plots show there)
     matplotlib.use("Agg")
@@ -144,6 +145,32 @@ def probe_sweep_plot(micro: dict):
     ax.legend()
     ax.set(xlabel="probes p", ylabel="ms per call")
     return ax
+
+
+def head_effect_plot(micro: dict, ratios: pd.DataFrame):
+    """Notebook 04: FlashHead against the dense head. Left: the draft's time per token in a round's proposal block
+    (p50), the body and what the head adds to it, each draft's floor marked; right: the FlashHead draft's decode
+    tok/s over the dense draft's per schedule, measured and modelled (costmodel.head_ratios). None where notebook 02
+    did not time the block without a head (CPU profiles, older files)."""
+    tab = draft_step_table(micro).loc[["dense", "FlashHead"]] if "floors" in micro else None
+    if tab is None or "head p50 ms per token in block" not in tab:
+        return None
+    head = tab["head p50 ms per token in block"]
+    body = tab["block p50 ms per token"] - head
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 2.6), gridspec_kw={"width_ratios": [3, 2]})
+    a.barh(tab.index, body, color="0.75", label="body")
+    a.barh(tab.index, head, left=body, color="C1", label="head")
+    a.scatter(tab["floor ms"], tab.index, marker="|", s=500, color="k", zorder=3, label="floor")
+    a.set(xlabel="ms per token in the block (p50)", title="the draft step")
+    a.legend(loc="lower right", fontsize=8)
+    cols = ["measured flash/dense", "model flash/dense"]
+    ratios[cols].plot.bar(ax=b, rot=0)
+    b.axhline(1.0, color="k", lw=0.8)
+    b.set(ylim=(min(1.0, ratios[cols].min().min()) - 0.01, max(1.0, ratios[cols].max().max()) + 0.01),
+          ylabel="FlashHead / dense tok/s", title="end to end")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 def int4_kernel_plot(frame: pd.DataFrame):

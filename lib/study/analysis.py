@@ -16,7 +16,7 @@ from ..results import finished, read_json, read_records, runs_of
 # What notebook 04 shows, reached through its one import of this module.
 from ..costmodel import head_ratios, model_check, phase_check, projection_grid, projections  # noqa: F401
 from ..report.figures import (adaptive_plots, block_length_plot, divergence_gap_plot, figures,  # noqa: F401
-                              policy_rounds_plot, projection_heatmap)
+                              head_effect_plot, policy_rounds_plot, projection_heatmap)
 from ..report.summary_json import (acceptance_note, closing_checks, extra_summary, run_source, summary,  # noqa: F401
                                    write_summary)
 from ..report.tables import (acceptance_by_group, adaptive_tables, block_policies, call_counts,  # noqa: F401
