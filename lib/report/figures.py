@@ -152,17 +152,17 @@ def head_effect_plot(micro: dict, ratios: pd.DataFrame):
     (p50), the body and what the head adds to it, each draft's floor marked; right: the FlashHead draft's decode
     tok/s over the dense draft's per schedule, measured and modelled (costmodel.head_ratios). None where notebook 02
     did not time the block without a head (CPU profiles, older files)."""
-    tab = draft_step_table(micro).loc[["dense", "FlashHead"]] if "floors" in micro else None
-    if tab is None or "head p50 ms per token in block" not in tab:
+    if "floors" not in micro or "body" not in micro.get("block", {}):
         return None
+    tab = draft_step_table(micro).loc[["dense", "FlashHead"]]
     head = tab["head p50 ms per token in block"]
     body = tab["block p50 ms per token"] - head
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 2.6), gridspec_kw={"width_ratios": [3, 2]})
     a.barh(tab.index, body, color="0.75", label="body")
     a.barh(tab.index, head, left=body, color="C1", label="head")
     a.scatter(tab["floor ms"], tab.index, marker="|", s=500, color="k", zorder=3, label="floor")
-    a.set(xlabel="ms per token in the block (p50)", title="the draft step")
-    a.legend(loc="lower right", fontsize=8)
+    a.set(xlabel="ms per token in the block (p50)", title="the draft step", xlim=(0, 1.35 * (body + head).max()))
+    a.legend(loc="center right", fontsize=8)
     cols = ["measured flash/dense", "model flash/dense"]
     ratios[cols].plot.bar(ax=b, rot=0)
     b.axhline(1.0, color="k", lw=0.8)
