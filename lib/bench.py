@@ -161,10 +161,33 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
 
 
+def exposed(spans: list[tuple[float, float]]) -> list[float]:
+    """Each (start, end) span's time that no span ending before it covers: with kernels that overlap
+    (programmatic dependent launch starts one while the one before runs) its share of the critical path.
+    The shares sum to the union of the spans."""
+    shares, merged = [0.0] * len(spans), []                 # merged: disjoint (start, end) of spans seen so far
+    for i in sorted(range(len(spans)), key=lambda i: spans[i][1]):
+        s, e = spans[i]
+        covered = sum(max(0.0, min(e, b) - max(s, a)) for a, b in merged)
+        shares[i] = max(0.0, e - s - covered)
+        keep = [(a, b) for a, b in merged if b < s]             # the union with [s, e] inserted
+        lo = min([s] + [a for a, b in merged if b >= s])
+        merged = keep + [(lo, e)]
+    return shares
+
+
+def _kernel_spans(prof) -> list[tuple[str, float, float]]:
+    """(name, start us, end us) of every GPU kernel and copy the profiler saw (kineto's own events)."""
+    from torch.autograd import DeviceType
+    return [(e.name(), e.start_ns() / 1e3, (e.start_ns() + e.duration_ns()) / 1e3)
+            for e in prof.profiler.kineto_results.events() if e.device_type() == DeviceType.CUDA]
+
+
 def kernel_breakdown(fn, iters: int, device) -> list[dict]:
     """Where one call of fn spends its time, from the torch profiler over `iters` calls after warm-up:
     per kernel (CUDA; CUDA-graph replays included) or per top-level op (CPU), its launches and microseconds
-    per call, largest first (group_kernels adds each one's kind)."""
+    per call, largest first (group_kernels adds each one's kind). On CUDA also `exposed_us`: its share of the
+    critical path (exposed), which the kernels' own durations overstate where they overlap."""
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")      # the profiler's own start/stop lines (level 5) are not output
     from torch.profiler import ProfilerActivity, profile
     cuda = torch.device(device).type == "cuda"
@@ -179,6 +202,13 @@ def kernel_breakdown(fn, iters: int, device) -> list[dict]:
     us = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
     rows = [{"kernel": e.key[:120], "launches": e.count / iters, "us": us(e) / iters}
             for e in events if us(e) > 0 and (cuda or e.key.startswith("aten::"))]
+    if cuda:
+        spans = _kernel_spans(prof)
+        shares = defaultdict(float)
+        for (name, _, _), share in zip(spans, exposed([(s, e) for _, s, e in spans])):
+            shares[name[:120]] += share / iters
+        for r in rows:
+            r["exposed_us"] = shares.get(r["kernel"], 0.0)
     return sorted(rows, key=lambda r: -r["us"])
 
 
@@ -188,10 +218,15 @@ def breakdown(fn, dev, iters: int = 20) -> dict:
 
 
 def group_kernels(rows: list[dict]) -> dict:
-    """Totals of a kernel breakdown, and microseconds per kind (kinds as lib.bench.kernel_kind names them)."""
-    by_kind = {}
+    """Totals of a kernel breakdown, and microseconds per kind (kinds as lib.bench.kernel_kind names them); where
+    the rows have exposed_us, its totals too (exposed_us, exposed_by_kind_us)."""
+    by_kind, exposed_by_kind = defaultdict(float), defaultdict(float)
     for r in rows:
         r["kind"] = kernel_kind(r["kernel"])
-        by_kind[r["kind"]] = by_kind.get(r["kind"], 0.0) + r["us"]
-    return {"total_us": sum(by_kind.values()), "launches": sum(r["launches"] for r in rows), "by_kind_us": by_kind,
-            "kernels": rows}
+        by_kind[r["kind"]] += r["us"]
+        exposed_by_kind[r["kind"]] += r.get("exposed_us", 0.0)
+    out = {"total_us": sum(by_kind.values()), "launches": sum(r["launches"] for r in rows),
+           "by_kind_us": dict(by_kind), "kernels": rows}
+    if any("exposed_us" in r for r in rows):
+        out.update(exposed_us=sum(exposed_by_kind.values()), exposed_by_kind_us=dict(exposed_by_kind))
+    return out

@@ -194,6 +194,19 @@ def test_kernel_kinds_name_hopper_gemms_and_compiled_fusions():
         "fused elementwise and norms (compiled)"                                 # inductor's fusion named after the op
 
 
+def test_exposed_time_counts_overlapping_kernels_once_and_sums_to_their_union():
+    from lib.bench import exposed, group_kernels
+    spans = [(0.0, 10.0), (5.0, 12.0), (20.0, 25.0), (11.0, 30.0), (40.0, 41.0)]
+    shares = exposed(spans)
+    assert shares == [10.0, 2.0, 5.0, 13.0, 1.0]          # (11, 30) overlaps (5, 12) by 1 and (20, 25) by 5
+    assert sum(shares) == 31.0                            # the union: [0, 30] and [40, 41]
+    assert exposed([(0.0, 4.0), (1.0, 2.0)]) == [3.0, 1.0]   # a kernel inside another ends first: it owns its part
+    rows = [{"kernel": "_decode_gemv", "launches": 2, "us": 9.0, "exposed_us": 5.0},
+            {"kernel": "_dense_argmax", "launches": 1, "us": 3.0, "exposed_us": 3.0}]
+    g = group_kernels(rows)
+    assert g["exposed_us"] == 8.0 and g["exposed_by_kind_us"]["LM head (Triton)"] == 3.0 and g["total_us"] == 12.0
+
+
 def test_kernel_breakdown_of_a_cpu_call_lists_its_ops():
     import torch
     from lib.bench import kernel_breakdown

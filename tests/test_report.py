@@ -446,6 +446,10 @@ def test_microbench_floor_and_breakdown_tables():
     kinds = breakdown_table(bd)
     assert kinds.loc["norm", "draft_flash"] == 0.0
     assert kinds.loc["total (us)"].tolist() == [11.0, 8.0] and kinds.loc["launches per step"].tolist() == [5, 4]
+    bd["draft_flash"].update(exposed_us=6.0, exposed_by_kind_us={"gemv": 6.0})
+    kinds = breakdown_table(bd)
+    assert list(kinds.columns) == ["draft_dense", "draft_flash", "draft_flash, exposed"]
+    assert kinds.loc["total (us)", "draft_flash, exposed"] == 6.0 and kinds.loc["gemv", "draft_flash, exposed"] == 6.0
 
 
 def test_runs_order_by_their_stamp_whatever_their_name(tmp_path):

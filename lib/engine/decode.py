@@ -10,7 +10,8 @@
 On Hopper every kernel is a programmatic dependent launch that lets the next one launch at its start; each
 GEMV program holds BN whole weight rows, issues their loads, and only then waits for the kernel before it, so
 the weights of the next kernels stream in while one finishes (the attention reads the older cache positions
-before its wait the same way). Splits of the attention are a fixed number of positions, and every reduction
+before its wait the same way). The wait is on a counter that each program of the kernel before increments
+as its last act (release/acquire), not on that kernel's grid: the grid's end and flush come later. Splits of the attention are a fixed number of positions, and every reduction
 runs in a fixed order, so a position's output does not depend on how long the context is.
 Arithmetic follows the Hugging Face modules: fp32 norms rounded to the weights' dtype before the weight
 multiplies, fp32 dot products; rounding points differ in places (RoPE in fp32 then rounded once), so the
@@ -30,9 +31,39 @@ from .kernels import _launch_next, _wait, launches
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"          # Triton's CPU interpreter (tests)
 
 
+STRIDE = 32                     # the kernels' done counters: int32, 128 bytes apart (a cache line each)
+_STRIDE = tl.constexpr(STRIDE)
+
+
 @triton.jit
-def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, eps, N, K: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
-                 NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr):
+def _await(flag_ptr, prev_n, FLAGS: tl.constexpr, PDL: tl.constexpr):
+    """Wait for the kernel before. FLAGS: until its prev_n programs have counted themselves done in the counter
+    before ours (flag_ptr - STRIDE), which comes sooner than the end of its grid (what _wait waits for); then
+    program 0 clears the counter before that one (its kernel is done: every program of the kernel before passed
+    its wait on it). prev_n == 0: the kernel before does not count (the embedding): _wait."""
+    if FLAGS and prev_n > 0:
+        while tl.load(flag_ptr - _STRIDE, volatile=True) < prev_n:
+            pass
+        tl.atomic_add(flag_ptr - _STRIDE, 0, sem="acquire")              # its writes are visible to this program's loads
+        tl.debug_barrier()                                           # ... and to every thread's
+        if tl.program_id(0) + tl.program_id(1) == 0:
+            tl.store(flag_ptr - 2 * _STRIDE, 0)
+    else:
+        _wait(PDL)
+
+
+@triton.jit
+def _arrive(flag_ptr, FLAGS: tl.constexpr):
+    """Count this program done (FLAGS): after every thread's stores, a release add to the kernel's counter."""
+    if FLAGS:
+        tl.debug_barrier()
+        tl.atomic_add(flag_ptr, 1, sem="release")
+
+
+@triton.jit
+def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, flag_ptr, prev_n, eps, N, K: tl.constexpr, BK: tl.constexpr,
+                 BN: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, FLAGS: tl.constexpr,
+                 PDL: tl.constexpr):
     """out[rows] = W[rows] @ a for BN rows a program; a = RMSNorm(x) * g if NORM else x. GLU: W holds gate rows
     then up rows (2N, K) and out = silu(gate) * up. RESIDUAL: out[rows] += (out is the residual stream)."""
     _launch_next(PDL)
@@ -42,7 +73,7 @@ def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, eps, N, K: tl.constexpr, BK: tl.c
     w = tl.load(w_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], mask=ok, other=0.0)
     if GLU:
         u = tl.load(w_ptr + (rows + N).to(tl.int64)[:, None] * K + cols[None, :], mask=ok, other=0.0)
-    _wait(PDL)                                                    # weights in flight; now the activations
+    _await(flag_ptr, prev_n, FLAGS, PDL)                          # weights in flight; now the activations
     x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
     if NORM:                                                      # HF RMSNorm: fp32, to dtype, times weight
         xf = x.to(tl.float32)
@@ -57,6 +88,7 @@ def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, eps, N, K: tl.constexpr, BK: tl.c
     if RESIDUAL:
         y = (tl.load(out_ptr + rows, mask=rows < N).to(tl.float32) + y.to(tl.float32)).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows, y, mask=rows < N)
+    _arrive(flag_ptr, FLAGS)
 
 
 @triton.jit
@@ -77,9 +109,9 @@ def _rope_head(ptr, nw_ptr, cos, sin, eps, HD: tl.constexpr, NORM: tl.constexpr)
 
 @triton.jit
 def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, ml_ptr,
-                      count_ptr, out_ptr, eps, scale, HQ: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
-                      S: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, L, NORM: tl.constexpr,
-                      PDL: tl.constexpr):
+                      count_ptr, out_ptr, flag_ptr, prev_n, eps, scale, HQ: tl.constexpr, G: tl.constexpr,
+                      HD: tl.constexpr, S: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, L, NORM: tl.constexpr,
+                      FLAGS: tl.constexpr, PDL: tl.constexpr):
     """Program (h, s): KV head h, positions s*S..s*S+S-1 of the L-position cache, for its G query heads. Older
     positions come from the cache, the new one from this step's k, v (the program owning it also caches them);
     each stores (max, sum, weighted V) per query head; the last of the NS programs of head h to finish combines
@@ -95,7 +127,7 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
     old = (p < pos)[:, None]                                      # cached by earlier steps: read before the wait
     kt = tl.load(kc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
     vt = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
-    _wait(PDL)                                                    # q, k, v of this step
+    _await(flag_ptr, prev_n, FLAGS, PDL)                          # q, k, v of this step
     k = _rope_head(qkv_ptr + (HQ + h) * HD, kn_ptr, cos, sin, eps, HD, NORM)
     v = tl.load(qkv_ptr + (HQ + HQ // G + h) * HD + d)
     if (s * S <= pos) & (pos < s * S + S):                        # the new position is ours: cache it
@@ -127,14 +159,19 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
             w = tl.exp(ms - tl.max(ms, 0))                        # empty splits: exp(-inf) = 0
             o = tl.sum(w[:, None] * acc, 0) / tl.sum(w * ls, 0)
             tl.store(out_ptr + qh * HD + d, o.to(out_ptr.dtype.element_ty))
+    _arrive(flag_ptr, FLAGS)
 
 
 @triton.jit
-def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
-    """The final RMSNorm of the residual stream (the head's kernels may launch at once: see kernels.py)."""
+def _decode_norm(x_ptr, g_ptr, out_ptr, flag_ptr, prev_n, eps, K: tl.constexpr, BK: tl.constexpr,
+                 FLAGS: tl.constexpr, PDL: tl.constexpr):
+    """The final RMSNorm of the residual stream (the head's kernels may launch at once: see kernels.py). It does
+    not count itself (the head waits for its grid) and clears the last counter for the next step."""
     _launch_next(PDL)
     cols = tl.arange(0, BK)
-    _wait(PDL)
+    _await(flag_ptr, prev_n, FLAGS, PDL)
+    if FLAGS:
+        tl.store(flag_ptr - _STRIDE, 0)
     x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
     xf = x.to(tl.float32)
     r = tl.rsqrt(tl.sum(xf * xf, 0) / K + eps)
@@ -146,6 +183,7 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
 # engine runs it, Runner.chain) from 0.636 ms (16 KB, 2 warps; 32 positions, 2 warps) to 0.593 ms.
 TILE_BYTES, WARPS = 8192, 1
 SPLIT, ATTENTION_WARPS = 16, 1
+COUNTERS = True                 # each kernel waits for the one before through its done counter (_await), not its grid
 GEMVS = {"qkv": (True, False, False), "o": (False, False, True),   # (norm, glu, residual) of each GEMV
          "gate_up": (True, True, False), "down": (False, False, True)}
 
@@ -175,7 +213,7 @@ class FusedDecode:
     runner's KV cache like the reference path. Static buffers and a fixed grid: CUDA-graph capturable."""
 
     def __init__(self, runner, tile_bytes: int = TILE_BYTES, warps: int = WARPS, split: int = SPLIT,
-                 attention_warps: int = ATTENTION_WARPS):
+                 attention_warps: int = ATTENTION_WARPS, counters: bool = COUNTERS):
         cfg, dev, dt = runner.model.config, runner.device, runner.dtype
         att = runner.layers[0].self_attn
         self.runner, self.eps = runner, cfg.rms_norm_eps
@@ -192,6 +230,9 @@ class FusedDecode:
         self.part = empty(self.hq, self.ns, self.hd, dtype=torch.float32)     # attention splits: weighted V,
         self.ml = empty(self.hq, self.ns, 2, dtype=torch.float32)             # (max, sum) per query head
         self.count = empty(self.hkv, dtype=torch.int32)                       # splits done per KV head
+        n = 5 * len(runner.layers) + 1                                        # kernels a step, the norm last
+        self.counters, flags = counters, empty(STRIDE * (n + 2), dtype=torch.int32)   # two unused before the first
+        self.flags = [flags[STRIDE * (k + 2):] for k in range(n)]             # kernel k's done counter
         e = runner.layers[0].self_attn.o_proj.weight.element_size()
         self.bn = {"qkv": _rows(D, tile_bytes, e), "o": _rows(self.hq * self.hd, tile_bytes, e),
                    "gate_up": _rows(D, tile_bytes, e, 2), "down": _rows(inter, tile_bytes, e)}
@@ -204,6 +245,7 @@ class FusedDecode:
     def _step(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         r = self.runner
         torch.index_select(r.body.embed_tokens.weight, 0, ids[0], out=self.x.view(1, -1))
+        self.launched, self.prev_n = 0, 0                                     # the embedding does not count
         for i, layer in enumerate(r.layers):
             att, mlp = layer.self_attn, layer.mlp
             self._gemv(self.x, layer.input_layernorm.weight, r.fused[i]["qkv"], self.qkv, "qkv")
@@ -212,24 +254,32 @@ class FusedDecode:
             self._gemv(self.x, layer.post_attention_layernorm.weight, r.fused[i]["gate_up"], self.act, "gate_up")
             self._gemv(self.act, None, mlp.down_proj.weight, self.x, "down")
         D = self.x.numel()
-        _decode_norm[(1,)](self.x, r.body.norm.weight, self.out, self.eps, D, triton.next_power_of_2(D),
-                           self.pdl, **self.opts)
+        _decode_norm[(1,)](self.x, r.body.norm.weight, self.out, *self._sync(1), self.eps, D,
+                           triton.next_power_of_2(D), self.counters, self.pdl, **self.opts)
         return self.out
+
+    def _sync(self, programs: int) -> tuple:
+        """(its done counter, the programs of the kernel before) for the next kernel, which has `programs`."""
+        flag, prev_n = self.flags[self.launched], self.prev_n
+        self.launched, self.prev_n = self.launched + 1, programs
+        return flag, prev_n
 
     def _gemv(self, x, g, w, out, name: str) -> None:
         norm, glu, residual = GEMVS[name]
         N, K = w.shape[0] // (2 if glu else 1), w.shape[1]
         bn = self.bn[name]
-        _decode_gemv[(triton.cdiv(N, bn),)](x, g if norm else x, w, out, self.eps, N, K, triton.next_power_of_2(K),
-                                             bn, norm, glu, residual, self.pdl, **self.opts)
+        grid = triton.cdiv(N, bn)
+        _decode_gemv[(grid,)](x, g if norm else x, w, out, *self._sync(grid), self.eps, N, K,
+                              triton.next_power_of_2(K), bn, norm, glu, residual, self.counters, self.pdl, **self.opts)
 
     def _attention(self, att, kv: tuple, start: torch.Tensor) -> None:
         r, (k_cache, v_cache) = self.runner, kv
         qn, kn = (att.q_norm.weight, att.k_norm.weight) if self.qk_norm else (self.x, self.x)
         _decode_attention[(self.hkv, self.ns)](
             self.qkv, qn, kn, r.cos, r.sin, k_cache, v_cache, start, self.part, self.ml, self.count, self.attn,
-            self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.hd, self.split, self.ns,
-            triton.next_power_of_2(self.ns), k_cache.shape[2], self.qk_norm, self.pdl, **self.attention_opts)
+            *self._sync(self.hkv * self.ns), self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.hd,
+            self.split, self.ns, triton.next_power_of_2(self.ns), k_cache.shape[2], self.qk_norm, self.counters,
+            self.pdl, **self.attention_opts)
 
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 0.15}

@@ -58,10 +58,16 @@ def draft_step_table(micro: dict) -> pd.DataFrame:
 
 def breakdown_table(breakdown: dict) -> pd.DataFrame:
     """Microseconds per step by kernel kind, one column per measured step (step_breakdown.json's parts, as
-    lib.bench.breakdown gives them), with each step's total and its kernel launches."""
-    kinds = pd.DataFrame({k: v["by_kind_us"] for k, v in breakdown.items()}).fillna(0.0)
-    kinds.loc["total (us)"] = [breakdown[k]["total_us"] for k in kinds.columns]
-    kinds.loc["launches per step"] = [breakdown[k]["launches"] for k in kinds.columns]
+    lib.bench.breakdown gives them), with each step's total and its kernel launches. Where a part has them, a
+    column `<part>, exposed` beside it: each kind's share of the critical path (overlapping kernels counted once)."""
+    cols, totals = {}, {}
+    for k, v in breakdown.items():
+        cols[k], totals[k] = v["by_kind_us"], (v["total_us"], v["launches"])
+        if "exposed_by_kind_us" in v:
+            cols[f"{k}, exposed"], totals[f"{k}, exposed"] = v["exposed_by_kind_us"], (v["exposed_us"], v["launches"])
+    kinds = pd.DataFrame(cols).fillna(0.0)
+    kinds.loc["total (us)"] = [totals[k][0] for k in kinds.columns]
+    kinds.loc["launches per step"] = [totals[k][1] for k in kinds.columns]
     return kinds
 
 
