@@ -11,8 +11,9 @@ On Hopper every kernel is a programmatic dependent launch that lets the next one
 GEMV program holds BN whole weight rows, issues their loads, and only then waits for the kernel before it, so
 the weights of the next kernels stream in while one finishes (the attention reads the older cache positions
 before its wait the same way). The wait is on a counter that each program of the kernel before increments
-as its last act (release/acquire), not on that kernel's grid: the grid's end and flush come later. Splits of the attention are a fixed number of positions, and every reduction
-runs in a fixed order, so a position's output does not depend on how long the context is.
+as its last act (release/acquire), not on that kernel's grid: the grid's end and flush come later. Splits of
+the attention are a fixed number of positions, and every reduction runs in a fixed order, so a position's
+output does not depend on how long the context is.
 Arithmetic follows the Hugging Face modules: fp32 norms rounded to the weights' dtype before the weight
 multiplies, fp32 dot products; rounding points differ in places (RoPE in fp32 then rounded once), so the
 path is checked against the reference when a runner is built (check below) and the runner records which ran.
@@ -44,7 +45,7 @@ def _await(flag_ptr, prev_n, FLAGS: tl.constexpr, PDL: tl.constexpr):
     if FLAGS and prev_n > 0:
         while tl.load(flag_ptr - _STRIDE, volatile=True) < prev_n:
             pass
-        tl.atomic_add(flag_ptr - _STRIDE, 0, sem="acquire")              # its writes are visible to this program's loads
+        tl.atomic_add(flag_ptr - _STRIDE, 0, sem="acquire")        # its writes are visible to this program's loads
         tl.debug_barrier()                                           # ... and to every thread's
         if tl.program_id(0) + tl.program_id(1) == 0:
             tl.store(flag_ptr - 2 * _STRIDE, 0)
