@@ -44,17 +44,6 @@ def test_fused_step_is_the_reference_step(pair, llama, which):
     torch.testing.assert_close(fused.cache.v, ref.cache.v, rtol=1e-5, atol=1e-5)
 
 
-def test_waiting_on_counters_or_on_grids_gives_the_same_step_and_clears_the_counters(pair):
-    r = Runner(pair[1], LEN, Acceleration(fused=True))
-    assert r.decode.counters
-    grid = decode.FusedDecode(r, counters=False)
-    ids = torch.randint(3, 200, (40,), generator=torch.Generator().manual_seed(2))
-    r.prefill(ids[None, :39])
-    step = lambda f: f(ids[None, 39:], torch.tensor(39)).clone()          # both write the same cache entries
-    assert torch.equal(step(r.decode), step(grid))
-    assert r.decode.launched == len(r.decode.flags) and not any(f.any() for f in r.decode.flags)
-
-
 def test_the_check_leaves_a_fresh_cache_and_the_runner_names_its_path(pair):
     r = Runner(pair[1], LEN, Acceleration(fused=True))
     assert r.decode_path == "fused" and not r.cache.k.any() and not r.cache.v.any()

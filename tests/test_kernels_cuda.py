@@ -70,20 +70,3 @@ def test_dense_is_argmax_smallest_id_on_the_gpu():
         best = (logits == logits.max()).nonzero().flatten()
         assert K.dense_greedy_triton(h.to(DEV, torch.bfloat16), W.to(DEV, torch.bfloat16)).item() == best.min().item()
 
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fused_step_waits_on_counters_as_on_grids(syn, dtype):
-    """The fused body (lib/engine/decode.py) with its programs running at once: waiting on the done counters gives
-    the step that waiting on each grid gives, bit for bit, over 40 positions, and leaves every counter at zero."""
-    from lib.engine import decode
-    from lib.engine.runner import Acceleration, Runner
-    from lib.models.synthetic import make_pair
-    r = Runner(make_pair(syn, 0, dtype, "cuda", which=("draft",))[1], 64, Acceleration(fused=True))
-    assert r.decode_path == "fused" and r.decode.counters
-    grid = decode.FusedDecode(r, counters=False)
-    ids = torch.randint(3, 200, (48,), generator=torch.Generator().manual_seed(2)).to(DEV)
-    r.prefill(ids[None, :8])
-    for p in range(8, 48):
-        step = lambda f: f(ids[None, p:p + 1], torch.tensor(p, device=DEV)).clone()
-        assert torch.equal(step(r.decode), step(grid))
-    assert not any(f.any() for f in r.decode.flags)

@@ -10,10 +10,8 @@
 On Hopper every kernel is a programmatic dependent launch that lets the next one launch at its start; each
 GEMV program holds BN whole weight rows, issues their loads, and only then waits for the kernel before it, so
 the weights of the next kernels stream in while one finishes (the attention reads the older cache positions
-before its wait the same way). The wait is on a counter that each program of the kernel before increments
-as its last act (release/acquire), not on that kernel's grid: the grid's end and flush come later. Splits of
-the attention are a fixed number of positions, and every reduction runs in a fixed order, so a position's
-output does not depend on how long the context is.
+before its wait the same way). Splits of the attention are a fixed number of positions, and every reduction
+runs in a fixed order, so a position's output does not depend on how long the context is.
 Arithmetic follows the Hugging Face modules: fp32 norms rounded to the weights' dtype before the weight
 multiplies, fp32 dot products; rounding points differ in places (RoPE in fp32 then rounded once), so the
 path is checked against the reference when a runner is built (check below) and the runner records which ran.
@@ -32,39 +30,9 @@ from .kernels import _launch_next, _wait, launches
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"          # Triton's CPU interpreter (tests)
 
 
-STRIDE = 32                     # the kernels' done counters: int32, 128 bytes apart (a cache line each)
-_STRIDE = tl.constexpr(STRIDE)
-
-
 @triton.jit
-def _await(flag_ptr, prev_n, FLAGS: tl.constexpr, PDL: tl.constexpr):
-    """Wait for the kernel before. FLAGS: until its prev_n programs have counted themselves done in the counter
-    before ours (flag_ptr - STRIDE), which comes sooner than the end of its grid (what _wait waits for); then
-    program 0 clears the counter before that one (its kernel is done: every program of the kernel before passed
-    its wait on it). prev_n == 0: the kernel before does not count (the embedding): _wait."""
-    if FLAGS and prev_n > 0:
-        while tl.load(flag_ptr - _STRIDE, volatile=True) < prev_n:
-            pass
-        tl.atomic_add(flag_ptr - _STRIDE, 0, sem="acquire")        # its writes are visible to this program's loads
-        tl.debug_barrier()                                           # ... and to every thread's
-        if tl.program_id(0) + tl.program_id(1) == 0:
-            tl.store(flag_ptr - 2 * _STRIDE, 0)
-    else:
-        _wait(PDL)
-
-
-@triton.jit
-def _arrive(flag_ptr, FLAGS: tl.constexpr):
-    """Count this program done (FLAGS): after every thread's stores, a release add to the kernel's counter."""
-    if FLAGS:
-        tl.debug_barrier()
-        tl.atomic_add(flag_ptr, 1, sem="release")
-
-
-@triton.jit
-def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, flag_ptr, prev_n, eps, N, K: tl.constexpr, BK: tl.constexpr,
-                 BN: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, FLAGS: tl.constexpr,
-                 PDL: tl.constexpr):
+def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, eps, N, K: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
+                 NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr):
     """out[rows] = W[rows] @ a for BN rows a program; a = RMSNorm(x) * g if NORM else x. GLU: W holds gate rows
     then up rows (2N, K) and out = silu(gate) * up. RESIDUAL: out[rows] += (out is the residual stream)."""
     _launch_next(PDL)
@@ -74,12 +42,16 @@ def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, flag_ptr, prev_n, eps, N, K: tl.c
     w = tl.load(w_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], mask=ok, other=0.0)
     if GLU:
         u = tl.load(w_ptr + (rows + N).to(tl.int64)[:, None] * K + cols[None, :], mask=ok, other=0.0)
-    _await(flag_ptr, prev_n, FLAGS, PDL)                          # weights in flight; now the activations
+    if NORM:
+        g = tl.load(g_ptr + cols, mask=cols < K, other=0.0)      # a weight too: read before the wait
+    _wait(PDL)                                                    # weights in flight; now the activations
     x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
+    if RESIDUAL:                                                  # issued beside x, not after the dot
+        res = tl.load(out_ptr + rows, mask=rows < N)
     if NORM:                                                      # HF RMSNorm: fp32, to dtype, times weight
         xf = x.to(tl.float32)
         r = tl.rsqrt(tl.sum(xf * xf, 0) / K + eps)
-        x = (xf * r).to(x.dtype) * tl.load(g_ptr + cols, mask=cols < K, other=0.0)
+        x = (xf * r).to(x.dtype) * g
     xf = x.to(tl.float32)[None, :]
     y = tl.sum(w.to(tl.float32) * xf, 1).to(out_ptr.dtype.element_ty)
     if GLU:                                                       # act_fn(gate) * up, each rounded as HF does
@@ -87,14 +59,14 @@ def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, flag_ptr, prev_n, eps, N, K: tl.c
         up = tl.sum(u.to(tl.float32) * xf, 1).to(out_ptr.dtype.element_ty)
         y = (gate / (1.0 + tl.exp(-gate))).to(up.dtype) * up
     if RESIDUAL:
-        y = (tl.load(out_ptr + rows, mask=rows < N).to(tl.float32) + y.to(tl.float32)).to(out_ptr.dtype.element_ty)
+        y = (res.to(tl.float32) + y.to(tl.float32)).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows, y, mask=rows < N)
-    _arrive(flag_ptr, FLAGS)
 
 
 @triton.jit
-def _rope_head(ptr, nw_ptr, cos, sin, eps, HD: tl.constexpr, NORM: tl.constexpr):
-    """One head (HD,) at ptr: RMS norm with weight nw (Qwen3's q/k norm) if NORM, then RoPE (rotate-half)."""
+def _rope_head(ptr, nw, nw_rot, cos, sin, eps, HD: tl.constexpr, NORM: tl.constexpr):
+    """One head (HD,) at ptr: RMS norm with weight nw (Qwen3's q/k norm; nw_rot: nw rotated by HD/2) if NORM,
+    then RoPE (rotate-half)."""
     d = tl.arange(0, HD)
     rot = (d + HD // 2) % HD
     x = tl.load(ptr + d)
@@ -102,45 +74,49 @@ def _rope_head(ptr, nw_ptr, cos, sin, eps, HD: tl.constexpr, NORM: tl.constexpr)
     if NORM:
         xf = x.to(tl.float32)
         r = tl.rsqrt(tl.sum(xf * xf, 0) / HD + eps)
-        x = (xf * r).to(x.dtype) * tl.load(nw_ptr + d)
-        xr = (xr.to(tl.float32) * r).to(x.dtype) * tl.load(nw_ptr + rot)
+        x = (xf * r).to(x.dtype) * nw
+        xr = (xr.to(tl.float32) * r).to(x.dtype) * nw_rot
     sign = tl.where(d < HD // 2, -1.0, 1.0)
     return (x.to(tl.float32) * cos + sign * xr.to(tl.float32) * sin).to(x.dtype)
 
 
 @triton.jit
 def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, ml_ptr,
-                      count_ptr, out_ptr, flag_ptr, prev_n, eps, scale, HQ: tl.constexpr, G: tl.constexpr,
-                      HD: tl.constexpr, S: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, L, NORM: tl.constexpr,
-                      FLAGS: tl.constexpr, PDL: tl.constexpr):
-    """Program (h, s): KV head h, positions s*S..s*S+S-1 of the L-position cache, for its G query heads. Older
-    positions come from the cache, the new one from this step's k, v (the program owning it also caches them);
-    each stores (max, sum, weighted V) per query head; the last of the NS programs of head h to finish combines
-    them into out (HQ*HD) in split order."""
+                      count_ptr, out_ptr, eps, scale, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+                      HD: tl.constexpr, S: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, L,
+                      NORM: tl.constexpr, PDL: tl.constexpr):
+    """Program (a, s): query heads a*GP..a*GP+GP-1 (GP of the G sharing KV head h), positions s*S..s*S+S-1 of the
+    L-position cache. Older positions come from the cache, the new one from this step's k, v (the first program
+    of h owning it also caches them); each stores (max, sum, weighted V) per query head; the last of the NS
+    programs of a to finish combines them into out (HQ*HD) in split order."""
     _launch_next(PDL)
-    h, s = tl.program_id(0), tl.program_id(1)
+    a, s = tl.program_id(0), tl.program_id(1)
+    h = a * GP // G
     d = tl.arange(0, HD)
+    rot = (d + HD // 2) % HD
     pos = tl.load(pos_ptr)                                        # the step's position, set before it began
     cos = tl.load(cos_ptr + pos * HD + d).to(tl.float32)
     sin = tl.load(sin_ptr + pos * HD + d).to(tl.float32)
+    qn, qn_rot = tl.load(qn_ptr + d), tl.load(qn_ptr + rot)       # weights: read before the wait too
+    kn, kn_rot = tl.load(kn_ptr + d), tl.load(kn_ptr + rot)
     cache = h.to(tl.int64) * L * HD
     p = s * S + tl.arange(0, S)
     old = (p < pos)[:, None]                                      # cached by earlier steps: read before the wait
     kt = tl.load(kc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
     vt = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
-    _await(flag_ptr, prev_n, FLAGS, PDL)                          # q, k, v of this step
-    k = _rope_head(qkv_ptr + (HQ + h) * HD, kn_ptr, cos, sin, eps, HD, NORM)
+    _wait(PDL)                                                    # q, k, v of this step
+    k = _rope_head(qkv_ptr + (HQ + h) * HD, kn, kn_rot, cos, sin, eps, HD, NORM)
     v = tl.load(qkv_ptr + (HQ + HQ // G + h) * HD + d)
-    if (s * S <= pos) & (pos < s * S + S):                        # the new position is ours: cache it
+    if ((a * GP) % G == 0) & (s * S <= pos) & (pos < s * S + S):  # the new position is ours: cache it
         tl.store(kc_ptr + cache + pos * HD + d, k)
         tl.store(vc_ptr + cache + pos * HD + d, v)
     new = (p == pos)[:, None]
     kt = tl.where(new, k.to(tl.float32)[None, :], kt)
     vt = tl.where(new, v.to(tl.float32)[None, :], vt)
     ok = p <= pos                                                 # none in splits past the new position
-    for j in tl.static_range(G):
-        qh = h * G + j
-        q = _rope_head(qkv_ptr + qh * HD, qn_ptr, cos, sin, eps, HD, NORM).to(tl.float32)
+    for j in tl.static_range(GP):
+        qh = a * GP + j
+        q = _rope_head(qkv_ptr + qh * HD, qn, qn_rot, cos, sin, eps, HD, NORM).to(tl.float32)
         sc = tl.where(ok, tl.sum(kt * q[None, :], 1) * scale, -float("inf"))
         m = tl.max(sc, 0)                                         # -inf in an empty split
         e = tl.where(ok, tl.exp(sc - m), 0.0)
@@ -148,11 +124,11 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
         tl.store(ml_ptr + (qh * NS + s) * 2 + 1, tl.sum(e, 0))
         tl.store(part_ptr + (qh * NS + s) * HD + d, tl.sum(e[:, None] * vt, 0))
     tl.debug_barrier()                                            # partials stored before we count ourselves
-    if tl.atomic_add(count_ptr + h, 1) == NS - 1:                 # acq_rel: the last sees every partial
-        tl.store(count_ptr + h, 0)
+    if tl.atomic_add(count_ptr + a, 1) == NS - 1:                 # acq_rel: the last sees every partial
+        tl.store(count_ptr + a, 0)
         sp = tl.arange(0, NSP)
-        for j in tl.static_range(G):
-            qh = h * G + j
+        for j in tl.static_range(GP):
+            qh = a * GP + j
             ms = tl.load(ml_ptr + (qh * NS + sp) * 2, mask=sp < NS, other=-float("inf"), cache_modifier=".cg")
             ls = tl.load(ml_ptr + (qh * NS + sp) * 2 + 1, mask=sp < NS, other=0.0, cache_modifier=".cg")
             acc = tl.load(part_ptr + (qh * NS + sp)[:, None] * HD + d[None, :], mask=(sp < NS)[:, None],
@@ -160,19 +136,14 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
             w = tl.exp(ms - tl.max(ms, 0))                        # empty splits: exp(-inf) = 0
             o = tl.sum(w[:, None] * acc, 0) / tl.sum(w * ls, 0)
             tl.store(out_ptr + qh * HD + d, o.to(out_ptr.dtype.element_ty))
-    _arrive(flag_ptr, FLAGS)
 
 
 @triton.jit
-def _decode_norm(x_ptr, g_ptr, out_ptr, flag_ptr, prev_n, eps, K: tl.constexpr, BK: tl.constexpr,
-                 FLAGS: tl.constexpr, PDL: tl.constexpr):
-    """The final RMSNorm of the residual stream (the head's kernels may launch at once: see kernels.py). It does
-    not count itself (the head waits for its grid) and clears the last counter for the next step."""
+def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
+    """The final RMSNorm of the residual stream (the head's kernels may launch at once: see kernels.py)."""
     _launch_next(PDL)
     cols = tl.arange(0, BK)
-    _await(flag_ptr, prev_n, FLAGS, PDL)
-    if FLAGS:
-        tl.store(flag_ptr - _STRIDE, 0)
+    _wait(PDL)
     x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
     xf = x.to(tl.float32)
     r = tl.rsqrt(tl.sum(xf * xf, 0) / K + eps)
@@ -181,10 +152,11 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, flag_ptr, prev_n, eps, K: tl.constexpr, 
 
 # Launch settings, measured on one H100 (h100 draft, bf16, position 300; devtmp/bench_step25c.py in commit fdff1be):
 # GEMV programs of 8 KB of weights and 1 warp, attention splits of 16 positions and 1 warp took the body step (as the
-# engine runs it, Runner.chain) from 0.636 ms (16 KB, 2 warps; 32 positions, 2 warps) to 0.593 ms.
+# engine runs it, Runner.chain) from 0.636 ms (16 KB, 2 warps; 32 positions, 2 warps) to 0.593 ms. Waiting on a done
+# counter per kernel (each program's release add; commit 37c6d85) instead of the grid took it from 0.620 to 0.995 ms.
 TILE_BYTES, WARPS = 8192, 1
 SPLIT, ATTENTION_WARPS = 16, 1
-COUNTERS = True                 # each kernel waits for the one before through its done counter (_await), not its grid
+HEADS = 0                       # query heads an attention program takes (0: all that share its KV head)
 GEMVS = {"qkv": (True, False, False), "o": (False, False, True),   # (norm, glu, residual) of each GEMV
          "gate_up": (True, True, False), "down": (False, False, True)}
 
@@ -214,12 +186,13 @@ class FusedDecode:
     runner's KV cache like the reference path. Static buffers and a fixed grid: CUDA-graph capturable."""
 
     def __init__(self, runner, tile_bytes: int = TILE_BYTES, warps: int = WARPS, split: int = SPLIT,
-                 attention_warps: int = ATTENTION_WARPS, counters: bool = COUNTERS):
+                 attention_warps: int = ATTENTION_WARPS, heads: int = HEADS):
         cfg, dev, dt = runner.model.config, runner.device, runner.dtype
         att = runner.layers[0].self_attn
         self.runner, self.eps = runner, cfg.rms_norm_eps
         self.hq, self.hkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, runner.cache.k.shape[-1]
         self.qk_norm = hasattr(att, "q_norm")
+        self.heads = self.hq // self.hkv if heads == 0 else heads          # query heads an attention program takes
         self.pdl, self.opts = launches(dev, warps)                            # Triton launch options, made once
         self.attention_opts = launches(dev, attention_warps)[1]
         D, inter, L = cfg.hidden_size, cfg.intermediate_size, runner.cache.k.shape[3]
@@ -230,10 +203,7 @@ class FusedDecode:
         self.attn, self.act = empty(self.hq * self.hd), empty(inter)
         self.part = empty(self.hq, self.ns, self.hd, dtype=torch.float32)     # attention splits: weighted V,
         self.ml = empty(self.hq, self.ns, 2, dtype=torch.float32)             # (max, sum) per query head
-        self.count = empty(self.hkv, dtype=torch.int32)                       # splits done per KV head
-        n = 5 * len(runner.layers) + 1                                        # kernels a step, the norm last
-        self.counters, flags = counters, empty(STRIDE * (n + 2), dtype=torch.int32)   # two unused before the first
-        self.flags = [flags[STRIDE * (k + 2):] for k in range(n)]             # kernel k's done counter
+        self.count = empty(self.hq, dtype=torch.int32)                        # splits done per program row
         e = runner.layers[0].self_attn.o_proj.weight.element_size()
         self.bn = {"qkv": _rows(D, tile_bytes, e), "o": _rows(self.hq * self.hd, tile_bytes, e),
                    "gate_up": _rows(D, tile_bytes, e, 2), "down": _rows(inter, tile_bytes, e)}
@@ -246,7 +216,6 @@ class FusedDecode:
     def _step(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         r = self.runner
         torch.index_select(r.body.embed_tokens.weight, 0, ids[0], out=self.x.view(1, -1))
-        self.launched, self.prev_n = 0, 0                                     # the embedding does not count
         for i, layer in enumerate(r.layers):
             att, mlp = layer.self_attn, layer.mlp
             self._gemv(self.x, layer.input_layernorm.weight, r.fused[i]["qkv"], self.qkv, "qkv")
@@ -255,32 +224,24 @@ class FusedDecode:
             self._gemv(self.x, layer.post_attention_layernorm.weight, r.fused[i]["gate_up"], self.act, "gate_up")
             self._gemv(self.act, None, mlp.down_proj.weight, self.x, "down")
         D = self.x.numel()
-        _decode_norm[(1,)](self.x, r.body.norm.weight, self.out, *self._sync(1), self.eps, D,
-                           triton.next_power_of_2(D), self.counters, self.pdl, **self.opts)
+        _decode_norm[(1,)](self.x, r.body.norm.weight, self.out, self.eps, D, triton.next_power_of_2(D),
+                           self.pdl, **self.opts)
         return self.out
-
-    def _sync(self, programs: int) -> tuple:
-        """(its done counter, the programs of the kernel before) for the next kernel, which has `programs`."""
-        flag, prev_n = self.flags[self.launched], self.prev_n
-        self.launched, self.prev_n = self.launched + 1, programs
-        return flag, prev_n
 
     def _gemv(self, x, g, w, out, name: str) -> None:
         norm, glu, residual = GEMVS[name]
         N, K = w.shape[0] // (2 if glu else 1), w.shape[1]
         bn = self.bn[name]
-        grid = triton.cdiv(N, bn)
-        _decode_gemv[(grid,)](x, g if norm else x, w, out, *self._sync(grid), self.eps, N, K,
-                              triton.next_power_of_2(K), bn, norm, glu, residual, self.counters, self.pdl, **self.opts)
+        _decode_gemv[(triton.cdiv(N, bn),)](x, g if norm else x, w, out, self.eps, N, K, triton.next_power_of_2(K),
+                                             bn, norm, glu, residual, self.pdl, **self.opts)
 
     def _attention(self, att, kv: tuple, start: torch.Tensor) -> None:
         r, (k_cache, v_cache) = self.runner, kv
         qn, kn = (att.q_norm.weight, att.k_norm.weight) if self.qk_norm else (self.x, self.x)
-        _decode_attention[(self.hkv, self.ns)](
+        _decode_attention[(self.hq // self.heads, self.ns)](
             self.qkv, qn, kn, r.cos, r.sin, k_cache, v_cache, start, self.part, self.ml, self.count, self.attn,
-            *self._sync(self.hkv * self.ns), self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.hd,
-            self.split, self.ns, triton.next_power_of_2(self.ns), k_cache.shape[2], self.qk_norm, self.counters,
-            self.pdl, **self.attention_opts)
+            self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.heads, self.hd, self.split, self.ns,
+            triton.next_power_of_2(self.ns), k_cache.shape[2], self.qk_norm, self.pdl, **self.attention_opts)
 
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 0.15}

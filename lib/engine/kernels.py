@@ -114,6 +114,9 @@ def scratch(device, C: int = 0, S: int = 1) -> dict:
     """Per-device state the kernels restore after each call (ctl: control words 128 bytes apart, best: a key) and
     per-size scratch for FlashHead over C clusters with S slab slots a bin; never reallocated (a captured graph
     keeps the addresses)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:                      # "cuda" and "cuda:0": one scratch
+        device = torch.device("cuda", torch.cuda.current_device())
     key = (str(device), C, S)
     if key not in _SCRATCH:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
