@@ -44,6 +44,19 @@ def test_fused_step_is_the_reference_step(pair, llama, which):
     torch.testing.assert_close(fused.cache.v, ref.cache.v, rtol=1e-5, atol=1e-5)
 
 
+def test_attention_programs_of_one_or_all_query_heads_of_a_kv_head_give_the_same_step(llama):
+    """3 query heads a KV head (as SmolLM2): a program for each, or one for all three: the same bits."""
+    r = Runner(llama, LEN, Acceleration(fused=True))
+    assert r.decode.heads == decode.HEADS == 1
+    grouped = decode.FusedDecode(r, heads=0)
+    assert grouped.heads == 3
+    ids = torch.randint(3, 200, (40,), generator=torch.Generator().manual_seed(2))
+    r.prefill(ids[None, :38])
+    for p in (38, 39):
+        step = lambda f: f(ids[None, p:p + 1], torch.tensor(p)).clone()      # both write the same cache entries
+        assert torch.equal(step(r.decode), step(grouped))
+
+
 def test_the_check_leaves_a_fresh_cache_and_the_runner_names_its_path(pair):
     r = Runner(pair[1], LEN, Acceleration(fused=True))
     assert r.decode_path == "fused" and not r.cache.k.any() and not r.cache.v.any()

@@ -88,7 +88,9 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
     """Program (a, s): query heads a*GP..a*GP+GP-1 (GP of the G sharing KV head h), positions s*S..s*S+S-1 of the
     L-position cache. Older positions come from the cache, the new one from this step's k, v (the first program
     of h owning it also caches them); each stores (max, sum, weighted V) per query head; the last of the NS
-    programs of a to finish combines them into out (HQ*HD) in split order."""
+    programs of a to finish combines them into out (HQ*HD) in split order. Programs of splits past the new
+    position only count themselves, and the combination reads only the splits up to it: the step's cost grows
+    with the position, not with the cache's length L."""
     _launch_next(PDL)
     a, s = tl.program_id(0), tl.program_id(1)
     h = a * GP // G
@@ -105,35 +107,37 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
     kt = tl.load(kc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
     vt = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
     _wait(PDL)                                                    # q, k, v of this step
-    k = _rope_head(qkv_ptr + (HQ + h) * HD, kn, kn_rot, cos, sin, eps, HD, NORM)
-    v = tl.load(qkv_ptr + (HQ + HQ // G + h) * HD + d)
-    if ((a * GP) % G == 0) & (s * S <= pos) & (pos < s * S + S):  # the new position is ours: cache it
-        tl.store(kc_ptr + cache + pos * HD + d, k)
-        tl.store(vc_ptr + cache + pos * HD + d, v)
-    new = (p == pos)[:, None]
-    kt = tl.where(new, k.to(tl.float32)[None, :], kt)
-    vt = tl.where(new, v.to(tl.float32)[None, :], vt)
-    ok = p <= pos                                                 # none in splits past the new position
-    for j in tl.static_range(GP):
-        qh = a * GP + j
-        q = _rope_head(qkv_ptr + qh * HD, qn, qn_rot, cos, sin, eps, HD, NORM).to(tl.float32)
-        sc = tl.where(ok, tl.sum(kt * q[None, :], 1) * scale, -float("inf"))
-        m = tl.max(sc, 0)                                         # -inf in an empty split
-        e = tl.where(ok, tl.exp(sc - m), 0.0)
-        tl.store(ml_ptr + (qh * NS + s) * 2, m)
-        tl.store(ml_ptr + (qh * NS + s) * 2 + 1, tl.sum(e, 0))
-        tl.store(part_ptr + (qh * NS + s) * HD + d, tl.sum(e[:, None] * vt, 0))
+    if s * S <= pos:                                              # splits past the new position: nothing to do
+        k = _rope_head(qkv_ptr + (HQ + h) * HD, kn, kn_rot, cos, sin, eps, HD, NORM)
+        v = tl.load(qkv_ptr + (HQ + HQ // G + h) * HD + d)
+        if ((a * GP) % G == 0) & (pos < s * S + S):              # the new position is ours: cache it
+            tl.store(kc_ptr + cache + pos * HD + d, k)
+            tl.store(vc_ptr + cache + pos * HD + d, v)
+        new = (p == pos)[:, None]
+        kt = tl.where(new, k.to(tl.float32)[None, :], kt)
+        vt = tl.where(new, v.to(tl.float32)[None, :], vt)
+        ok = p <= pos
+        for j in tl.static_range(GP):
+            qh = a * GP + j
+            q = _rope_head(qkv_ptr + qh * HD, qn, qn_rot, cos, sin, eps, HD, NORM).to(tl.float32)
+            sc = tl.where(ok, tl.sum(kt * q[None, :], 1) * scale, -float("inf"))
+            m = tl.max(sc, 0)
+            e = tl.where(ok, tl.exp(sc - m), 0.0)
+            tl.store(ml_ptr + (qh * NS + s) * 2, m)
+            tl.store(ml_ptr + (qh * NS + s) * 2 + 1, tl.sum(e, 0))
+            tl.store(part_ptr + (qh * NS + s) * HD + d, tl.sum(e[:, None] * vt, 0))
     tl.debug_barrier()                                            # partials stored before we count ourselves
     if tl.atomic_add(count_ptr + a, 1) == NS - 1:                 # acq_rel: the last sees every partial
         tl.store(count_ptr + a, 0)
         sp = tl.arange(0, NSP)
+        live = (sp < NS) & (sp * S <= pos)                        # the splits that hold positions
         for j in tl.static_range(GP):
             qh = a * GP + j
-            ms = tl.load(ml_ptr + (qh * NS + sp) * 2, mask=sp < NS, other=-float("inf"), cache_modifier=".cg")
-            ls = tl.load(ml_ptr + (qh * NS + sp) * 2 + 1, mask=sp < NS, other=0.0, cache_modifier=".cg")
-            acc = tl.load(part_ptr + (qh * NS + sp)[:, None] * HD + d[None, :], mask=(sp < NS)[:, None],
-                          other=0.0, cache_modifier=".cg")
-            w = tl.exp(ms - tl.max(ms, 0))                        # empty splits: exp(-inf) = 0
+            ms = tl.load(ml_ptr + (qh * NS + sp) * 2, mask=live, other=-float("inf"), cache_modifier=".cg")
+            ls = tl.load(ml_ptr + (qh * NS + sp) * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
+            acc = tl.load(part_ptr + (qh * NS + sp)[:, None] * HD + d[None, :], mask=live[:, None], other=0.0,
+                          cache_modifier=".cg")
+            w = tl.exp(ms - tl.max(ms, 0))
             o = tl.sum(w[:, None] * acc, 0) / tl.sum(w * ls, 0)
             tl.store(out_ptr + qh * HD + d, o.to(out_ptr.dtype.element_ty))
 
@@ -156,7 +160,7 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
 # counter per kernel (each program's release add; commit 37c6d85) instead of the grid took it from 0.620 to 0.995 ms.
 TILE_BYTES, WARPS = 8192, 1
 SPLIT, ATTENTION_WARPS = 16, 1
-HEADS = 0                       # query heads an attention program takes (0: all that share its KV head)
+HEADS = 1                       # query heads an attention program takes (0: all that share its KV head)
 GEMVS = {"qkv": (True, False, False), "o": (False, False, True),   # (norm, glu, residual) of each GEMV
          "gate_up": (True, True, False), "down": (False, False, True)}
 
