@@ -11,8 +11,9 @@ On Hopper every kernel is a programmatic dependent launch that lets the next one
 GEMV program holds BN whole weight rows, issues their loads, and only then waits for the kernel before it, so
 the weights of the next kernels stream in while one finishes (the attention reads the older cache positions
 before its wait the same way). What a program reads after its wait it reads at once (activations, residual):
-the step is a chain of dependent kernels, and each one's latency after its wait is on the critical path. Splits of the attention are a fixed number of positions, and every reduction
-runs in a fixed order, so a position's output does not depend on how long the context is.
+the step is a chain of dependent kernels, and each one's latency after its wait is on the critical path. Splits
+of the attention are a fixed number of positions, and every reduction runs in a fixed order, so a position's
+output does not depend on how long the context is.
 Arithmetic follows the Hugging Face modules: fp32 norms rounded to the weights' dtype before the weight
 multiplies, fp32 dot products; rounding points differ in places (RoPE in fp32 then rounded once), so the
 path is checked against the reference when a runner is built (check below) and the runner records which ran.
@@ -157,10 +158,11 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
 
 # Launch settings, measured on one H100 (h100 draft, bf16, position 300; devtmp/bench_step25c.py in commit fdff1be):
 # GEMV programs of 8 KB of weights and 1 warp, attention splits of 16 positions and 1 warp took the body step (as the
-# engine runs it, Runner.chain) from 0.636 ms (16 KB, 2 warps; 32 positions, 2 warps) to 0.593 ms. Later (commit afc4534,
-# devtmp/bench_body*.py, cache of 340): the residual read beside the activations 0.609 -> 0.564 ms, one query head an
-# attention program (HEADS = 1) 0.534 ms; 2-warp GEMVs, 4 or 16 KB tiles, splits of 8 or of 32 at 2 warps no faster;
-# waiting on a done counter per kernel (each program's release add; commit 37c6d85) instead of the grid: 0.995 ms.
+# engine runs it, Runner.chain) from 0.636 ms (16 KB, 2 warps; 32 positions, 2 warps) to 0.593 ms. Later (commit
+# afc4534, devtmp/bench_body*.py, cache of 340): the residual read beside the activations 0.609 -> 0.564 ms, one
+# query head an attention program (HEADS = 1) 0.534 ms; 2-warp GEMVs, 4 or 16 KB tiles, splits of 8 or of 32 at 2
+# warps no faster; waiting on a done counter per kernel (each program's release add; commit 37c6d85) instead of the
+# grid: 0.995 ms.
 TILE_BYTES, WARPS = 8192, 1
 SPLIT, ATTENTION_WARPS = 16, 1
 HEADS = 1                       # query heads an attention program takes (0: all that share its KV head)
