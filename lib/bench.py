@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 
@@ -194,11 +195,13 @@ def kernel_breakdown(fn, iters: int, device) -> list[dict]:
     for _ in range(3):
         fn()
     sync(device)
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
-        for _ in range(iters):
-            fn()
-        sync(device)
-    events = prof.key_averages()
+    with warnings.catch_warnings():                      # torch's note that each profile() is one cycle: we use one
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            for _ in range(iters):
+                fn()
+            sync(device)
+        events = prof.key_averages()
     us = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
     rows = [{"kernel": e.key[:120], "launches": e.count / iters, "us": us(e) / iters}
             for e in events if us(e) > 0 and (cuda or e.key.startswith("aten::"))]
