@@ -57,19 +57,6 @@ def test_attention_programs_of_one_or_all_query_heads_of_a_kv_head_give_the_same
         assert torch.equal(step(r.decode), step(grouped))
 
 
-@pytest.mark.parametrize("which", ["qwen3", "llama"])
-def test_the_o_projection_in_the_attentions_grid_is_the_o_gemv_bit_for_bit(pair, llama, which):
-    r = Runner(pair[1] if which == "qwen3" else llama, LEN, Acceleration(fused=True))
-    assert r.decode.fuse_o == decode.FUSE_O
-    apart = decode.FusedDecode(r, fuse_o=not r.decode.fuse_o)
-    ids = torch.randint(3, 200, (40,), generator=torch.Generator().manual_seed(3))
-    r.prefill(ids[None, :37])
-    for p in (37, 38, 39):
-        step = lambda f: f(ids[None, p:p + 1], torch.tensor(p)).clone()
-        assert torch.equal(step(r.decode), step(apart))
-    assert r.decode.done.item() == 0 and apart.done.item() == 0             # gate/up's program 0 cleared it
-
-
 def test_the_check_leaves_a_fresh_cache_and_the_runner_names_its_path(pair):
     r = Runner(pair[1], LEN, Acceleration(fused=True))
     assert r.decode_path == "fused" and not r.cache.k.any() and not r.cache.v.any()

@@ -33,12 +33,10 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"          # Triton's CPU in
 
 
 @triton.jit
-def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, clear_ptr, eps, N, K: tl.constexpr, BK: tl.constexpr,
-                 BN: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, CLEAR: tl.constexpr,
-                 PDL: tl.constexpr):
+def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, eps, N, K: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
+                 NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr):
     """out[rows] = W[rows] @ a for BN rows a program; a = RMSNorm(x) * g if NORM else x. GLU: W holds gate rows
-    then up rows (2N, K) and out = silu(gate) * up. RESIDUAL: out[rows] += (out is the residual stream).
-    CLEAR: program 0 zeroes *clear_ptr after its wait (the attention's counter of combined heads)."""
+    then up rows (2N, K) and out = silu(gate) * up. RESIDUAL: out[rows] += (out is the residual stream)."""
     _launch_next(PDL)
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     cols = tl.arange(0, BK)
@@ -49,9 +47,6 @@ def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, clear_ptr, eps, N, K: tl.constexp
     if NORM:
         g = tl.load(g_ptr + cols, mask=cols < K, other=0.0)      # a weight too: read before the wait
     _wait(PDL)                                                    # weights in flight; now the activations
-    if CLEAR:
-        if tl.program_id(0) == 0:
-            tl.store(clear_ptr, 0)
     x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
     if RESIDUAL:                                                  # issued beside x, not after the dot
         res = tl.load(out_ptr + rows, mask=rows < N)
@@ -89,53 +84,17 @@ def _rope_head(ptr, nw, nw_rot, cos, sin, eps, HD: tl.constexpr, NORM: tl.conste
 
 @triton.jit
 def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, ml_ptr,
-                      count_ptr, out_ptr, wo_ptr, x_ptr, done_ptr, eps, scale, HQ: tl.constexpr, G: tl.constexpr,
-                      GP: tl.constexpr, HD: tl.constexpr, S: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, L,
-                      D: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, O_PROJ: tl.constexpr,
-                      PDL: tl.constexpr):
-    """Programs below (HQ // GP) * NS: attention (_attend). O_PROJ: the programs after them each take BN rows of the
-    o-projection, added to the residual stream x: their weights and residual rows are read first, then they wait
-    until every query head is combined (done_ptr counts them), which saves the kernel boundary before the o GEMV."""
-    _launch_next(PDL)
-    pid = tl.program_id(0)
-    if pid < (HQ // GP) * NS:
-        _attend(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr,
-                out_ptr, done_ptr, pid // NS, pid % NS, eps, scale, HQ, G, GP, HD, S, NS, NSP, L, NORM, O_PROJ, PDL)
-    elif O_PROJ:
-        _o_rows(out_ptr, wo_ptr, x_ptr, done_ptr, pid - (HQ // GP) * NS, HQ // GP, D, HQ * HD, BK, BN, PDL)
-
-
-@triton.jit
-def _o_rows(attn_ptr, wo_ptr, x_ptr, done_ptr, i, n_heads, D: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-            BN: tl.constexpr, PDL: tl.constexpr):
-    """x[rows] += Wo[rows] @ attn for BN rows, once n_heads programs have counted their heads combined (as
-    _decode_gemv's o GEMV computes it, bit for bit)."""
-    rows = i * BN + tl.arange(0, BN)
-    cols = tl.arange(0, BK)
-    w = tl.load(wo_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], mask=(rows < D)[:, None] & (cols < K)[None, :],
-                other=0.0)
-    _wait(PDL)                                                    # the residual stream is written
-    res = tl.load(x_ptr + rows, mask=rows < D)
-    while tl.load(done_ptr, volatile=True) < n_heads:
-        pass
-    tl.atomic_add(done_ptr, 0, sem="acquire")                     # the combined heads are visible to this program
-    tl.debug_barrier()
-    a = tl.load(attn_ptr + cols, mask=cols < K, other=0.0, cache_modifier=".cg").to(tl.float32)
-    y = tl.sum(w.to(tl.float32) * a[None, :], 1).to(x_ptr.dtype.element_ty)
-    tl.store(x_ptr + rows, (res.to(tl.float32) + y.to(tl.float32)).to(x_ptr.dtype.element_ty), mask=rows < D)
-
-
-@triton.jit
-def _attend(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, out_ptr,
-            done_ptr, a, s, eps, scale, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr,
-            S: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, L, NORM: tl.constexpr, O_PROJ: tl.constexpr,
-            PDL: tl.constexpr):
+                      count_ptr, out_ptr, eps, scale, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+                      HD: tl.constexpr, S: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, L,
+                      NORM: tl.constexpr, PDL: tl.constexpr):
     """Program (a, s): query heads a*GP..a*GP+GP-1 (GP of the G sharing KV head h), positions s*S..s*S+S-1 of the
     L-position cache. Older positions come from the cache, the new one from this step's k, v (the first program
     of h owning it also caches them); each stores (max, sum, weighted V) per query head; the last of the NS
     programs of a to finish combines them into out (HQ*HD) in split order. Programs of splits past the new
     position only count themselves, and the combination reads only the splits up to it: the step's cost grows
     with the position, not with the cache's length L."""
+    _launch_next(PDL)
+    a, s = tl.program_id(0), tl.program_id(1)
     h = a * GP // G
     d = tl.arange(0, HD)
     rot = (d + HD // 2) % HD
@@ -183,9 +142,6 @@ def _attend(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, 
             w = tl.exp(ms - tl.max(ms, 0))
             o = tl.sum(w[:, None] * acc, 0) / tl.sum(w * ls, 0)
             tl.store(out_ptr + qh * HD + d, o.to(out_ptr.dtype.element_ty))
-        if O_PROJ:                                                # this query head is ready for the o rows
-            tl.debug_barrier()
-            tl.atomic_add(done_ptr, 1, sem="release")
 
 
 @triton.jit
@@ -206,11 +162,12 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
 # afc4534, devtmp/bench_body*.py, cache of 340): the residual read beside the activations 0.609 -> 0.564 ms, one
 # query head an attention program (HEADS = 1) 0.534 ms; 2-warp GEMVs, 4 or 16 KB tiles, splits of 8 or of 32 at 2
 # warps no faster; waiting on a done counter per kernel (each program's release add; commit 37c6d85) instead of the
-# grid: 0.995 ms.
+# grid: 0.995 ms; the o-projection in the attention's grid, its programs waiting on a count of combined heads (commit
+# e8bf15a): 0.526 against 0.525 ms at position 300, 0.509 against 0.518 at 100, so the handoff costs what the
+# kernel boundary did.
 TILE_BYTES, WARPS = 8192, 1
 SPLIT, ATTENTION_WARPS = 16, 1
 HEADS = 1                       # query heads an attention program takes (0: all that share its KV head)
-FUSE_O = True                   # the o-projection in the attention's grid (its programs wait on a counter)
 GEMVS = {"qkv": (True, False, False), "o": (False, False, True),   # (norm, glu, residual) of each GEMV
          "gate_up": (True, True, False), "down": (False, False, True)}
 
@@ -240,7 +197,7 @@ class FusedDecode:
     runner's KV cache like the reference path. Static buffers and a fixed grid: CUDA-graph capturable."""
 
     def __init__(self, runner, tile_bytes: int = TILE_BYTES, warps: int = WARPS, split: int = SPLIT,
-                 attention_warps: int = ATTENTION_WARPS, heads: int = HEADS, fuse_o: bool = FUSE_O):
+                 attention_warps: int = ATTENTION_WARPS, heads: int = HEADS):
         cfg, dev, dt = runner.model.config, runner.device, runner.dtype
         att = runner.layers[0].self_attn
         self.runner, self.eps = runner, cfg.rms_norm_eps
@@ -258,7 +215,6 @@ class FusedDecode:
         self.part = empty(self.hq, self.ns, self.hd, dtype=torch.float32)     # attention splits: weighted V,
         self.ml = empty(self.hq, self.ns, 2, dtype=torch.float32)             # (max, sum) per query head
         self.count = empty(self.hq, dtype=torch.int32)                        # splits done per program row
-        self.fuse_o, self.done = fuse_o, empty(1, dtype=torch.int32)          # query heads combined (fuse_o)
         e = runner.layers[0].self_attn.o_proj.weight.element_size()
         self.bn = {"qkv": _rows(D, tile_bytes, e), "o": _rows(self.hq * self.hd, tile_bytes, e),
                    "gate_up": _rows(D, tile_bytes, e, 2), "down": _rows(inter, tile_bytes, e)}
@@ -274,9 +230,8 @@ class FusedDecode:
         for i, layer in enumerate(r.layers):
             att, mlp = layer.self_attn, layer.mlp
             self._gemv(self.x, layer.input_layernorm.weight, r.fused[i]["qkv"], self.qkv, "qkv")
-            self._attention(att, r.cache.layer(i), start)                  # fuse_o: and the o-projection
-            if not self.fuse_o:
-                self._gemv(self.attn, None, att.o_proj.weight, self.x, "o")
+            self._attention(att, r.cache.layer(i), start)
+            self._gemv(self.attn, None, att.o_proj.weight, self.x, "o")
             self._gemv(self.x, layer.post_attention_layernorm.weight, r.fused[i]["gate_up"], self.act, "gate_up")
             self._gemv(self.act, None, mlp.down_proj.weight, self.x, "down")
         D = self.x.numel()
@@ -288,21 +243,16 @@ class FusedDecode:
         norm, glu, residual = GEMVS[name]
         N, K = w.shape[0] // (2 if glu else 1), w.shape[1]
         bn = self.bn[name]
-        clear = self.fuse_o and name == "gate_up"                         # the attention's grid is done by now
-        _decode_gemv[(triton.cdiv(N, bn),)](x, g if norm else x, w, out, self.done, self.eps, N, K,
-                                             triton.next_power_of_2(K), bn, norm, glu, residual, clear, self.pdl,
-                                             **self.opts)
+        _decode_gemv[(triton.cdiv(N, bn),)](x, g if norm else x, w, out, self.eps, N, K, triton.next_power_of_2(K),
+                                             bn, norm, glu, residual, self.pdl, **self.opts)
 
     def _attention(self, att, kv: tuple, start: torch.Tensor) -> None:
         r, (k_cache, v_cache) = self.runner, kv
-        qn, kn = (att.q_norm.weight, att.k_norm.weight) if self.qk_norm else (self.out, self.out)   # unread
-        D, bn = self.x.numel(), self.bn["o"]
-        grid = self.hq // self.heads * self.ns + (triton.cdiv(D, bn) if self.fuse_o else 0)
-        _decode_attention[(grid,)](
+        qn, kn = (att.q_norm.weight, att.k_norm.weight) if self.qk_norm else (self.x, self.x)
+        _decode_attention[(self.hq // self.heads, self.ns)](
             self.qkv, qn, kn, r.cos, r.sin, k_cache, v_cache, start, self.part, self.ml, self.count, self.attn,
-            att.o_proj.weight, self.x, self.done, self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.heads,
-            self.hd, self.split, self.ns, triton.next_power_of_2(self.ns), k_cache.shape[2], D, bn,
-            triton.next_power_of_2(self.hq * self.hd), self.qk_norm, self.fuse_o, self.pdl, **self.attention_opts)
+            self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.heads, self.hd, self.split, self.ns,
+            triton.next_power_of_2(self.ns), k_cache.shape[2], self.qk_norm, self.pdl, **self.attention_opts)
 
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 0.15}
