@@ -91,7 +91,8 @@ def draft_step_breakdown(profile: Profile, prepared: tuple | None = None) -> dic
     """Where one draft step (body + head, as the engine calls it) spends its time, dense and FlashHead (on a GPU
     also through the reference path): the profiler's kernels, grouped by kind (lib.bench.kernel_breakdown).
     Saved in step_breakdown.json. The fused kernels overlap (programmatic dependent launch): their summed
-    times can exceed the step's. `prepared`: as for head_and_step_bench."""
+    times can exceed the step's; each kernel's exposed time (its share of the critical path) sums to the step's
+    span. `prepared`: as for head_and_step_bench."""
     drafts, x, pos = prepared or step_drafts(profile)
     out = {f"draft_{name}": bench.breakdown(lambda d=d: d.head(d.runner.forward(x, pos)[:, -1]), x.device)
            for name, d in drafts.items()}
