@@ -70,6 +70,16 @@ def test_a_failing_check_falls_back_to_the_reference_path(pair, monkeypatch):
     assert r.decode is None and r.decode_path.startswith("reference (fused step off the reference")
 
 
+def test_the_check_compares_with_the_reference_path_even_on_a_fused_runner(pair):
+    """A fused runner's single-token forward is the fused step: the check must not compare the step with itself."""
+    r = Runner(pair[1], LEN, Acceleration(fused=True))
+    step, wrong = r.decode, decode.FusedDecode(r)
+    wrong._step = lambda ids, start: torch.zeros_like(wrong.out)
+    r.decode = wrong                                                          # installed, and wrong
+    assert decode.check(r, step) == "" and step.checked["rel_error"] <= 1e-5
+    assert decode.check(r, wrong).startswith("fused step off the reference") and r.decode is wrong
+
+
 def test_unsupported_runners_say_why(pair, monkeypatch):
     monkeypatch.setattr(decode, "INTERPRET", False)                           # a CPU outside the interpreter
     r = Runner(pair[1], LEN, Acceleration(fused=True))
