@@ -89,3 +89,8 @@ def test_a_run_never_mixes_kernels(tmp_path):
     assert json.loads((new / "config.json").read_text())["kernels"] == {"target": "torch", "flash": "triton"}
     with pytest.raises(RuntimeError, match="flash: triton then torch"):
         runs.record_kernels(new, {"target": "torch", "flash": "torch"})
+    runs.record_kernels(new, {"target": "reference", "flash": "fused"}, "bodies")   # the bodies beside them
+    cfg = json.loads((new / "config.json").read_text())
+    assert cfg["bodies"] == {"target": "reference", "flash": "fused"} and cfg["kernels"]["flash"] == "triton"
+    with pytest.raises(RuntimeError, match="recorded other bodies .*flash: fused then reference"):
+        runs.record_kernels(new, {"flash": "reference"}, "bodies")

@@ -141,6 +141,13 @@ def kernels(target: Target, drafts: dict[str, Draft]) -> dict[str, str]:
     return {"target": head_kernel(target), **{name: head_kernel(d) for name, d in drafts.items()}}
 
 
+def bodies(target: Target, drafts: dict[str, Draft]) -> dict[str, str]:
+    """{"target": path, <draft name>: path, ...}: which path runs each engine's single-token body (Runner.decode_path:
+    "fused", or "reference" with the reason the fused step does not run)."""
+    path = lambda e: getattr(getattr(e, "runner", None), "decode_path", "unrecorded")
+    return {"target": path(target), **{name: path(d) for name, d in drafts.items()}}
+
+
 def shared_dense(profile: Profile) -> str:
     """The draft whose dense head runs on the FlashHead draft's body: dense (gguf: one early-exit body) or dense_shared."""
     return DENSE if profile.models.source == "gguf" else DENSE_SHARED

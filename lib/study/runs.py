@@ -29,24 +29,25 @@ def new_run(out_dir: Path, config: dict, name: str = "e2e") -> Path:
     return run
 
 
-def record_kernels(run: Path, kernels: dict) -> None:
+def record_kernels(run: Path, kernels: dict, key: str = "kernels") -> None:
     """Add which kernel path picks each engine's tokens (lib/models/build.py: kernels, {"target": ..., <draft>: ...}) to
-    the run's config.json under `kernels`, once its engines are built. A run records them before its first sample;
-    one started by older code with samples and no record stays unrecorded. Samples of one run never come from other
-    kernels than those it recorded: a difference stops with one line."""
+    the run's config.json under `kernels` (key="bodies": which path runs each engine's single-token body, build.bodies),
+    once its engines are built. A run records them before its first sample; one started by older code with samples
+    and no record stays unrecorded. Samples of one run never come from other kernels than those it recorded: a
+    difference stops with one line."""
     path = Path(run) / "config.json"
     cfg = json.loads(path.read_text())
-    old = cfg.get("kernels")
+    old = cfg.get(key)
     if old is None and read_records(run):
-        note(f"run {Path(run).name} has samples from before kernels were recorded: its kernels stay unrecorded")
+        note(f"run {Path(run).name} has samples from before its {key} were recorded: they stay unrecorded")
         return
     differ = {k: (old[k], v) for k, v in kernels.items() if old and k in old and old[k] != v}
     if differ:
-        raise RuntimeError(f"run {Path(run).name} recorded other head kernels than these engines run "
+        raise RuntimeError(f"run {Path(run).name} recorded other {key} than these engines run "
                            f"({', '.join(f'{k}: {a} then {b}' for k, (a, b) in differ.items())}); FRESH=1 starts a new run")
     merged = {**(old or {}), **kernels}
     if merged != old:
-        cfg["kernels"] = merged
+        cfg[key] = merged
         tmp = path.with_name(f"config.json.{os.getpid()}.tmp")                # shards may write at once: whole files
         tmp.write_text(json.dumps(cfg, indent=1, default=str))
         tmp.replace(path)

@@ -61,6 +61,7 @@ def run_shard(profile: Profile, run: Path, shard: tuple[int, int] = (0, 1), targ
     ensure_flash_checkpoint(profile)
     target, drafts = engines.build_engines(profile, target_model=target_model)
     runs.record_kernels(run, engines.kernels(target, drafts))              # which head kernels the samples use
+    runs.record_kernels(run, engines.bodies(target, drafts), "bodies")      # and which single-token bodies
     costs = call_costs(profile) if modes.COST in profile.decode.k_policies else None
     runs.run_samples(profile, run, (target, drafts, stop_tokens(profile), costs), enc, keys, shard)
 
