@@ -1,4 +1,5 @@
 import copy
+import json
 import math
 from types import SimpleNamespace
 
@@ -457,6 +458,21 @@ def test_runs_order_by_their_stamp_whatever_their_name(tmp_path):
     from pathlib import Path
     assert run_order_key(Path("e2e-20261126T095810")) == ("20261126T095810", 0)
     assert run_order_key(Path("fused-draft-20261126T201632-3")) == ("20261126T201632", 3)
+
+
+def test_the_figure_takes_the_ratios_of_the_run_that_finished_last(tmp_path):
+    from lib.study.analysis import newest_ratios
+    for name, done in (("e2e-20261126T100000", "2026-11-26T12:00:00"),
+                       ("fused-draft-20261127T050000", "2026-11-27T06:00:00"),
+                       ("fused-draft-20261126T090000", "2026-11-26T10:00:00")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "DONE").write_text(json.dumps({"finished": done}))
+    main, a, b = (pd.DataFrame({"measured flash/dense": [v]}) for v in (1.0, 2.0, 3.0))
+    subsets = {"fused-draft-20261127T050000": None, "fused-draft-20261127T050000 flash/dense": a,
+               "fused-draft-20261126T090000 flash/dense": b}
+    name, got = newest_ratios(tmp_path / "e2e-20261126T100000", main, subsets)
+    assert name == "fused-draft-20261127T050000" and got is a
+    assert newest_ratios(tmp_path / "e2e-20261126T100000", main, {})[1] is main
 
 
 def test_head_ratios_divide_flash_by_dense_per_schedule():

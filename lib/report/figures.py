@@ -147,11 +147,11 @@ def probe_sweep_plot(micro: dict):
     return ax
 
 
-def head_effect_plot(micro: dict, ratios: pd.DataFrame):
+def head_effect_plot(micro: dict, ratios: pd.DataFrame, run: str = ""):
     """Notebook 04: FlashHead against the dense head. Left: the draft's time per token in a round's proposal block
     (p50), the body and what the head adds to it, each draft's floor marked; right: the FlashHead draft's decode
-    tok/s over the dense draft's per schedule, measured and modelled (costmodel.head_ratios). None where notebook 02
-    did not time the block without a head (CPU profiles, older files)."""
+    tok/s over the dense draft's per schedule, measured and modelled (costmodel.head_ratios), in `run`. None where
+    notebook 02 did not time the block without a head (CPU profiles, older files)."""
     if "floors" not in micro or "body" not in micro.get("block", {}):
         return None
     tab = draft_step_table(micro).loc[["dense", "FlashHead"]]
@@ -167,7 +167,7 @@ def head_effect_plot(micro: dict, ratios: pd.DataFrame):
     ratios[cols].plot.bar(ax=b, rot=0)
     b.axhline(1.0, color="k", lw=0.8)
     b.set(ylim=(min(1.0, ratios[cols].min().min()) - 0.01, max(1.0, ratios[cols].max().max()) + 0.01),
-          ylabel="FlashHead / dense tok/s", title="end to end")
+          ylabel="FlashHead / dense tok/s", title=f"end to end ({run})" if run else "end to end")
     b.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -11,7 +11,7 @@ from ..config import Profile
 from ..report import sampling as sampling_report
 from ..report.peers import table as peers_table
 from ..report.tables import aggregate, records_frame, run_kernels
-from ..results import finished, read_json, read_records, runs_of
+from ..results import finish_time, finished, read_json, read_records, runs_of
 
 # What notebook 04 shows, reached through its one import of this module.
 from ..costmodel import head_ratios, model_check, phase_check, projection_grid, projections  # noqa: F401
@@ -60,6 +60,18 @@ def peers(profile: Profile, agg: pd.DataFrame) -> pd.DataFrame | None:
     """peers.json's methods beside notebook 03's baseline and fastest speculative mode; None without peers.json."""
     data = optional_json(profile, "peers.json")
     return None if data is None else peers_table(data, agg)
+
+
+def newest_ratios(run: Path, ratios: pd.DataFrame, subsets: dict[str, pd.DataFrame]) -> tuple[str, pd.DataFrame]:
+    """(name, FlashHead/dense ratios) of the run that finished last: the e2e run `run` (its `ratios`) or one of
+    subset_runs' runs, so that the figure beside notebook 02's draft step shows the newest end-to-end run."""
+    found = {run.name: (finish_time(run), ratios)}
+    for name, tab in subsets.items():
+        if name.endswith(" flash/dense"):
+            sub = name.removesuffix(" flash/dense")
+            found[sub] = (finish_time(run.parent / sub), tab)
+    name = max(found, key=lambda n: found[n][0])
+    return name, found[name][1]
 
 
 def subset_runs(profile: Profile, micro: dict, target_step: dict, name: str = "fused-draft") -> dict[str, pd.DataFrame]:
