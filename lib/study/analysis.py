@@ -62,13 +62,16 @@ def peers(profile: Profile, agg: pd.DataFrame) -> pd.DataFrame | None:
     return None if data is None else peers_table(data, agg)
 
 
+RATIOS = " flash/dense"                 # subset_runs' key of a run's FlashHead/dense ratios: <run name> + RATIOS
+
+
 def newest_ratios(run: Path, ratios: pd.DataFrame, subsets: dict[str, pd.DataFrame]) -> tuple[str, pd.DataFrame]:
     """(name, FlashHead/dense ratios) of the run that finished last: the e2e run `run` (its `ratios`) or one of
     subset_runs' runs, so that the figure beside notebook 02's draft step shows the newest end-to-end run."""
     found = {run.name: (finish_time(run), ratios)}
     for name, tab in subsets.items():
-        if name.endswith(" flash/dense"):
-            sub = name.removesuffix(" flash/dense")
+        if name.endswith(RATIOS):
+            sub = name.removesuffix(RATIOS)
             found[sub] = (finish_time(run.parent / sub), tab)
     name = max(found, key=lambda n: found[n][0])
     return name, found[name][1]
@@ -85,5 +88,5 @@ def subset_runs(profile: Profile, micro: dict, target_step: dict, name: str = "f
             agg = run_frames(run)[1]
             check = model_check(agg, micro, target_step, profile.decode.k)
             out[run.name] = check.join(agg[["acceptance", "exact_match_rate"]])
-            out[run.name + " flash/dense"] = head_ratios(check)
+            out[run.name + RATIOS] = head_ratios(check)
     return out
