@@ -271,14 +271,16 @@ def check(runner, step: FusedDecode, steps: int = 8) -> str:
     ids = (torch.arange(start + steps, device=dev) * 7919 + 11) % runner.body.embed_tokens.weight.shape[0]
     hidden, installed = [], runner.decode
     runner.decode = None                                          # the reference path, even on a fused runner
-    for fn in (lambda x, p: runner._forward(x, p, compiled=False), step):
-        if start:
-            runner._forward(ids[None, :start], torch.tensor(0, device=dev), compiled=False)
-        hidden.append(torch.stack([fn(ids[None, i:i + 1], torch.tensor(i, device=dev))[0, -1].clone()
-                                   for i in range(start, start + steps)]).float())
-        runner.cache.k.zero_()
-        runner.cache.v.zero_()
-    runner.decode = installed
+    try:
+        for fn in (lambda x, p: runner._forward(x, p, compiled=False), step):
+            if start:
+                runner._forward(ids[None, :start], torch.tensor(0, device=dev), compiled=False)
+            hidden.append(torch.stack([fn(ids[None, i:i + 1], torch.tensor(i, device=dev))[0, -1].clone()
+                                       for i in range(start, start + steps)]).float())
+            runner.cache.k.zero_()
+            runner.cache.v.zero_()
+    finally:
+        runner.decode = installed                                 # also where a step raised
     ref, got = hidden
     err = ((got - ref).abs().amax(-1) / ref.pow(2).mean(-1).sqrt()).max().item()
     W = runner.model.get_output_embeddings().weight
