@@ -27,6 +27,7 @@ CALLS = 20                                                  # calls in one graph
 KERNELS = ("w4a16", "tinygemm", "dense_fp16", "gemlite", "marlin")   # the slow starters (autotuning, an nvcc build) last
 # one kernel's process, its JIT build or autotuning included (marlin's nvcc build: about 4 min on an H100)
 KERNEL_TIMEOUT_S = float(os.environ.get("STUDY_INT4_KERNEL_TIMEOUT_S", 300))
+TUNED = "tuned"                  # a profile's folder of launch configs a kernel's own autotuner chose (GemLite's)
 
 
 def awq_projection_shapes(profile: Profile) -> dict[str, tuple[int, int]] | None:
@@ -110,6 +111,12 @@ def _tinygemm(awq: tuple, K: int, N: int):
     return make
 
 
+def gemlite_tuned(tuned: Path, dev) -> Path:
+    """The file that keeps GemLite's autotuned launch configs for this card between runs (its load_config and
+    cache_config): an autotuning that outlasts one process's time limit then finishes over several runs."""
+    return Path(tuned) / f"gemlite_{bench.device_name(dev).lower().replace(' ', '_')}.json"
+
+
 def _gemlite(awq: tuple, K: int, N: int):
     def make(x):
         from gemlite.core import DType, GemLiteLinearTriton
@@ -137,10 +144,15 @@ def invariance(make, x: torch.Tensor, y: torch.Tensor, y16: torch.Tensor) -> dic
             "position_invariant": bool(torch.equal(make(x.flip(0).contiguous())().flip(0), y))}
 
 
-def kernel_bench(kernel: str, shapes: dict, dev, iters: int) -> dict:
+def kernel_bench(kernel: str, shapes: dict, dev, iters: int, tuned: str = "") -> dict:
     """One kernel on every projection shape at every row count: per-call ms (p50, mean, p95), GB/s, relative error
     against the fp32 product of the dequantised weights, and the two row invariances (`invariance`). The same
-    random weights in every process (seeded per shape)."""
+    random weights in every process (seeded per shape). GemLite starts from, and adds to, its configs in the
+    folder `tuned` (gemlite_tuned), where one is given."""
+    configs = gemlite_tuned(tuned, dev) if tuned and kernel == "gemlite" else None
+    if configs is not None and configs.exists():
+        from gemlite.core import GemLiteLinearTriton
+        GemLiteLinearTriton.load_config(str(configs))
     out = {}
     for name, (K, N) in shapes.items():
         torch.manual_seed(K * 7 + N)
@@ -161,6 +173,10 @@ def kernel_bench(kernel: str, shapes: dict, dev, iters: int) -> dict:
             row.update(st, GBps=nbytes / st["p50_ms"] / 1e6)
         del make, ref_w, y16
         torch.cuda.empty_cache()
+        if configs is not None:                             # what autotuning chose so far survives a time limit
+            from gemlite.core import GemLiteLinearTriton
+            configs.parent.mkdir(parents=True, exist_ok=True)
+            GemLiteLinearTriton.cache_config(str(configs))
     return out
 
 
@@ -178,8 +194,11 @@ def int4_kernel_bench(profile: Profile, iters: int = 30) -> dict | None:
               "shapes": {name: {"K": K, "N": N, "floor_ms": int4_bytes(K, N) / bw * 1e3,
                                 "rows": {str(m): {} for m in ROWS}, "unavailable": {}}
                          for name, (K, N) in shapes.items()}}
+    configs = gemlite_tuned(profile.out_dir / TUNED, dev)
+    result["gemlite_configs"] = (f"started from {configs.name}, autotuned by an earlier run on this card"
+                                 if configs.exists() else "autotuned in this run")
     for kernel in progress.steps(KERNELS, "int4 kernels", "kernels"):
-        got, error = _in_subprocess(kernel, shapes, str(dev), iters)
+        got, error = _in_subprocess(kernel, shapes, str(dev), iters, profile.out_dir / TUNED)
         for name, shape in result["shapes"].items():
             if error:
                 shape["unavailable"][kernel] = error
@@ -190,12 +209,13 @@ def int4_kernel_bench(profile: Profile, iters: int = 30) -> dict | None:
     return result
 
 
-def _in_subprocess(kernel: str, shapes: dict, device: str, iters: int,
+def _in_subprocess(kernel: str, shapes: dict, device: str, iters: int, tuned: Path | str = "",
                    timeout_s: float = KERNEL_TIMEOUT_S) -> tuple[dict, str]:
     """(kernel_bench's result, "") from `python -m lib.study.int4_kernels`, or ({}, its last error line)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        args = [sys.executable, "-m", "lib.study.int4_kernels", kernel, json.dumps(shapes), device, str(iters), str(out)]
+        args = [sys.executable, "-m", "lib.study.int4_kernels", kernel, json.dumps(shapes), device, str(iters), str(out),
+                str(tuned)]
         try:
             proc = subprocess.run(args, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
                                   timeout=timeout_s)
@@ -208,5 +228,6 @@ def _in_subprocess(kernel: str, shapes: dict, device: str, iters: int,
 
 
 if __name__ == "__main__":                                 # one kernel, in its own process (int4_kernel_bench)
-    kernel, shapes, device, iters, path = sys.argv[1:6]
-    Path(path).write_text(json.dumps(kernel_bench(kernel, json.loads(shapes), torch.device(device), int(iters))))
+    kernel, shapes, device, iters, path, *tuned = sys.argv[1:7]
+    Path(path).write_text(json.dumps(kernel_bench(kernel, json.loads(shapes), torch.device(device), int(iters),
+                                                  *tuned)))
