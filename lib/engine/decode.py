@@ -66,20 +66,28 @@ def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, eps, N, K: tl.constexpr, BK: tl.c
 
 
 @triton.jit
-def _rope_head(ptr, nw, nw_rot, cos, sin, eps, HD: tl.constexpr, NORM: tl.constexpr):
-    """One head (HD,) at ptr: RMS norm with weight nw (Qwen3's q/k norm; nw_rot: nw rotated by HD/2) if NORM,
-    then RoPE (rotate-half)."""
-    d = tl.arange(0, HD)
-    rot = (d + HD // 2) % HD
-    x = tl.load(ptr + d)
-    xr = tl.load(ptr + rot)
+def _qkv_heads(ptr, k_at, v_at, q_at, kn, kn_rot, qn, qn_rot, cos, sin, eps, HD: tl.constexpr, NORM: tl.constexpr):
+    """This step's k, v and one q head (HD,) at ptr + k_at, v_at, q_at: k and q RMS-normed with weights kn, qn if NORM
+    (Qwen3; _rot: rotated by HD/2), then rotated (RoPE, rotate-half); v as stored. The three are one (HD, 4) tensor
+    (k, v, q, q) whose norms are one reduction, so their loads are one L2 round trip after the wait (head by head,
+    the compiler issued q's load only after k's norm)."""
+    d, c = tl.arange(0, HD), tl.arange(0, 4)[None, :]
+    at = tl.where(c == 0, k_at, tl.where(c == 1, v_at, q_at))
+    x = tl.load(ptr + at + d[:, None])
+    xr = tl.load(ptr + at + ((d + HD // 2) % HD)[:, None])                # each element's rotate-half partner
+    y, yr = x, xr
     if NORM:
         xf = x.to(tl.float32)
-        r = tl.rsqrt(tl.sum(xf * xf, 0) / HD + eps)
-        x = (xf * r).to(x.dtype) * nw
-        xr = (xr.to(tl.float32) * r).to(x.dtype) * nw_rot
-    sign = tl.where(d < HD // 2, -1.0, 1.0)
-    return (x.to(tl.float32) * cos + sign * xr.to(tl.float32) * sin).to(x.dtype)
+        r = tl.rsqrt(tl.sum(xf * xf, 0) / HD + eps)[None, :]
+        y = (xf * r).to(x.dtype) * tl.where(c == 0, kn[:, None], qn[:, None])
+        yr = (xr.to(tl.float32) * r).to(x.dtype) * tl.where(c == 0, kn_rot[:, None], qn_rot[:, None])
+    sign = tl.where(d < HD // 2, -1.0, 1.0)[:, None]
+    out = (y.to(tl.float32) * cos[:, None] + sign * yr.to(tl.float32) * sin[:, None]).to(x.dtype)
+    kq, _ = tl.split(tl.reshape(out, (HD, 2, 2)))                            # columns (k, q) of (k, v, q, q)
+    _, vq = tl.split(tl.reshape(x, (HD, 2, 2)))                              # columns (v, q)
+    k, q = tl.split(kq)
+    v, _ = tl.split(vq)
+    return k, v, q
 
 
 @triton.jit
@@ -110,8 +118,8 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
     vt = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
     _wait(PDL)                                                    # q, k, v of this step
     if s * S <= pos:                                              # splits past the new position: nothing to do
-        k = _rope_head(qkv_ptr + (HQ + h) * HD, kn, kn_rot, cos, sin, eps, HD, NORM)
-        v = tl.load(qkv_ptr + (HQ + HQ // G + h) * HD + d)
+        k, v, q = _qkv_heads(qkv_ptr, (HQ + h) * HD, (HQ + HQ // G + h) * HD, a * GP * HD, kn, kn_rot, qn, qn_rot,
+                             cos, sin, eps, HD, NORM)
         if ((a * GP) % G == 0) & (pos < s * S + S):              # the new position is ours: cache it
             tl.store(kc_ptr + cache + pos * HD + d, k)
             tl.store(vc_ptr + cache + pos * HD + d, v)
@@ -121,8 +129,11 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
         ok = p <= pos
         for j in tl.static_range(GP):
             qh = a * GP + j
-            q = _rope_head(qkv_ptr + qh * HD, qn, qn_rot, cos, sin, eps, HD, NORM).to(tl.float32)
-            sc = tl.where(ok, tl.sum(kt * q[None, :], 1) * scale, -float("inf"))
+            if j > 0:                                             # the other query heads of the KV head
+                _, _, q = _qkv_heads(qkv_ptr, qh * HD, qh * HD, qh * HD, kn, kn_rot, qn, qn_rot, cos, sin, eps, HD,
+                                     NORM)
+            qf = q.to(tl.float32)
+            sc = tl.where(ok, tl.sum(kt * qf[None, :], 1) * scale, -float("inf"))
             m = tl.max(sc, 0)
             e = tl.where(ok, tl.exp(sc - m), 0.0)
             tl.store(ml_ptr + (qh * NS + s) * 2, m)
