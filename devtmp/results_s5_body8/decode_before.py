@@ -1,0 +1,296 @@
+"""Fused single-token decode of a Qwen3 or Llama body (Triton): five bandwidth-bound kernels a layer.
+
+  _decode_gemv (norm)       RMSNorm of the residual stream, then the fused q/k/v GEMV
+  _decode_attention         q/k RMS norms (Qwen3), RoPE, the K/V cache write and split-KV single-query
+                            attention; the last split of each query head to finish combines the splits
+  _decode_gemv (residual)   o-projection GEMV added to the residual stream
+  _decode_gemv (norm, glu)  RMSNorm, gate/up GEMV, SiLU(gate) * up
+  _decode_gemv (residual)   down-projection GEMV added to the residual stream
+
+On Hopper every kernel is a programmatic dependent launch that lets the next one launch at its start; each
+GEMV program holds BN whole weight rows, issues their loads, and only then waits for the kernel before it, so
+the weights of the next kernels stream in while one finishes (the attention reads the older cache positions
+before its wait the same way). What a program reads after its wait it reads at once (activations, residual):
+the step is a chain of dependent kernels, and each one's latency after its wait is on the critical path. Splits
+of the attention are a fixed number of positions, and every reduction runs in a fixed order, so a position's
+output does not depend on how long the context is.
+Arithmetic follows the Hugging Face modules: fp32 norms rounded to the weights' dtype before the weight
+multiplies, fp32 dot products; rounding points differ in places (RoPE in fp32 then rounded once), so the
+path is checked against the reference when a runner is built (check below) and the runner records which ran.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+
+import torch
+import triton
+import triton.language as tl
+
+from .kernels import _launch_next, _wait, launches
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"          # Triton's CPU interpreter (tests)
+
+
+@triton.jit
+def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, eps, N, K: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
+                 NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr):
+    """out[rows] = W[rows] @ a for BN rows a program; a = RMSNorm(x) * g if NORM else x. GLU: W holds gate rows
+    then up rows (2N, K) and out = silu(gate) * up. RESIDUAL: out[rows] += (out is the residual stream)."""
+    _launch_next(PDL)
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    cols = tl.arange(0, BK)
+    ok = (rows < N)[:, None] & (cols < K)[None, :]
+    w = tl.load(w_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], mask=ok, other=0.0)
+    if GLU:
+        u = tl.load(w_ptr + (rows + N).to(tl.int64)[:, None] * K + cols[None, :], mask=ok, other=0.0)
+    if NORM:
+        g = tl.load(g_ptr + cols, mask=cols < K, other=0.0)      # a weight too: read before the wait
+    _wait(PDL)                                                    # weights in flight; now the activations
+    x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
+    if RESIDUAL:                                                  # issued beside x, not after the dot
+        res = tl.load(out_ptr + rows, mask=rows < N)
+    if NORM:                                                      # HF RMSNorm: fp32, to dtype, times weight
+        xf = x.to(tl.float32)
+        r = tl.rsqrt(tl.sum(xf * xf, 0) / K + eps)
+        x = (xf * r).to(x.dtype) * g
+    xf = x.to(tl.float32)[None, :]
+    y = tl.sum(w.to(tl.float32) * xf, 1).to(out_ptr.dtype.element_ty)
+    if GLU:                                                       # act_fn(gate) * up, each rounded as HF does
+        gate = y.to(tl.float32)
+        up = tl.sum(u.to(tl.float32) * xf, 1).to(out_ptr.dtype.element_ty)
+        y = (gate / (1.0 + tl.exp(-gate))).to(up.dtype) * up
+    if RESIDUAL:
+        y = (res.to(tl.float32) + y.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + rows, y, mask=rows < N)
+
+
+@triton.jit
+def _rope_head(ptr, nw, nw_rot, cos, sin, eps, HD: tl.constexpr, NORM: tl.constexpr):
+    """One head (HD,) at ptr: RMS norm with weight nw (Qwen3's q/k norm; nw_rot: nw rotated by HD/2) if NORM,
+    then RoPE (rotate-half)."""
+    d = tl.arange(0, HD)
+    rot = (d + HD // 2) % HD
+    x = tl.load(ptr + d)
+    xr = tl.load(ptr + rot)
+    if NORM:
+        xf = x.to(tl.float32)
+        r = tl.rsqrt(tl.sum(xf * xf, 0) / HD + eps)
+        x = (xf * r).to(x.dtype) * nw
+        xr = (xr.to(tl.float32) * r).to(x.dtype) * nw_rot
+    sign = tl.where(d < HD // 2, -1.0, 1.0)
+    return (x.to(tl.float32) * cos + sign * xr.to(tl.float32) * sin).to(x.dtype)
+
+
+@triton.jit
+def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, ml_ptr,
+                      count_ptr, out_ptr, eps, scale, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+                      HD: tl.constexpr, S: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, L,
+                      NORM: tl.constexpr, PDL: tl.constexpr):
+    """Program (a, s): query heads a*GP..a*GP+GP-1 (GP of the G sharing KV head h), positions s*S..s*S+S-1 of the
+    L-position cache. Older positions come from the cache, the new one from this step's k, v (the first program
+    of h owning it also caches them); each stores (max, sum, weighted V) per query head; the last of the NS
+    programs of a to finish combines them into out (HQ*HD) in split order. Programs of splits past the new
+    position only count themselves, and the combination reads only the splits up to it: the step's cost grows
+    with the position, not with the cache's length L."""
+    _launch_next(PDL)
+    a, s = tl.program_id(0), tl.program_id(1)
+    h = a * GP // G
+    d = tl.arange(0, HD)
+    rot = (d + HD // 2) % HD
+    pos = tl.load(pos_ptr)                                        # the step's position, set before it began
+    cos = tl.load(cos_ptr + pos * HD + d).to(tl.float32)
+    sin = tl.load(sin_ptr + pos * HD + d).to(tl.float32)
+    qn, qn_rot = tl.load(qn_ptr + d), tl.load(qn_ptr + rot)       # weights: read before the wait too
+    kn, kn_rot = tl.load(kn_ptr + d), tl.load(kn_ptr + rot)
+    cache = h.to(tl.int64) * L * HD
+    p = s * S + tl.arange(0, S)
+    old = (p < pos)[:, None]                                      # cached by earlier steps: read before the wait
+    kt = tl.load(kc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
+    vt = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
+    _wait(PDL)                                                    # q, k, v of this step
+    if s * S <= pos:                                              # splits past the new position: nothing to do
+        k = _rope_head(qkv_ptr + (HQ + h) * HD, kn, kn_rot, cos, sin, eps, HD, NORM)
+        v = tl.load(qkv_ptr + (HQ + HQ // G + h) * HD + d)
+        if ((a * GP) % G == 0) & (pos < s * S + S):              # the new position is ours: cache it
+            tl.store(kc_ptr + cache + pos * HD + d, k)
+            tl.store(vc_ptr + cache + pos * HD + d, v)
+        new = (p == pos)[:, None]
+        kt = tl.where(new, k.to(tl.float32)[None, :], kt)
+        vt = tl.where(new, v.to(tl.float32)[None, :], vt)
+        ok = p <= pos
+        for j in tl.static_range(GP):
+            qh = a * GP + j
+            q = _rope_head(qkv_ptr + qh * HD, qn, qn_rot, cos, sin, eps, HD, NORM).to(tl.float32)
+            sc = tl.where(ok, tl.sum(kt * q[None, :], 1) * scale, -float("inf"))
+            m = tl.max(sc, 0)
+            e = tl.where(ok, tl.exp(sc - m), 0.0)
+            tl.store(ml_ptr + (qh * NS + s) * 2, m)
+            tl.store(ml_ptr + (qh * NS + s) * 2 + 1, tl.sum(e, 0))
+            tl.store(part_ptr + (qh * NS + s) * HD + d, tl.sum(e[:, None] * vt, 0))
+    tl.debug_barrier()                                            # partials stored before we count ourselves
+    if tl.atomic_add(count_ptr + a, 1) == NS - 1:                 # acq_rel: the last sees every partial
+        tl.store(count_ptr + a, 0)
+        sp = tl.arange(0, NSP)
+        live = (sp < NS) & (sp * S <= pos)                        # the splits that hold positions
+        for j in tl.static_range(GP):
+            qh = a * GP + j
+            ms = tl.load(ml_ptr + (qh * NS + sp) * 2, mask=live, other=-float("inf"), cache_modifier=".cg")
+            ls = tl.load(ml_ptr + (qh * NS + sp) * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
+            acc = tl.load(part_ptr + (qh * NS + sp)[:, None] * HD + d[None, :], mask=live[:, None], other=0.0,
+                          cache_modifier=".cg")
+            w = tl.exp(ms - tl.max(ms, 0))
+            o = tl.sum(w[:, None] * acc, 0) / tl.sum(w * ls, 0)
+            tl.store(out_ptr + qh * HD + d, o.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
+    """The final RMSNorm of the residual stream (the head's kernels may launch at once: see kernels.py)."""
+    _launch_next(PDL)
+    cols = tl.arange(0, BK)
+    _wait(PDL)
+    x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
+    xf = x.to(tl.float32)
+    r = tl.rsqrt(tl.sum(xf * xf, 0) / K + eps)
+    tl.store(out_ptr + cols, (xf * r).to(x.dtype) * tl.load(g_ptr + cols, mask=cols < K), mask=cols < K)
+
+
+# Launch settings, measured on one H100 (h100 draft, bf16, position 300; devtmp/bench_step25c.py in commit fdff1be):
+# GEMV programs of 8 KB of weights and 1 warp, attention splits of 16 positions and 1 warp took the body step (as the
+# engine runs it, Runner.chain) from 0.636 ms (16 KB, 2 warps; 32 positions, 2 warps) to 0.593 ms. Later (commit
+# afc4534, devtmp/bench_body*.py, cache of 340): the residual read beside the activations 0.609 -> 0.564 ms, one
+# query head an attention program (HEADS = 1) 0.534 ms; 2-warp GEMVs, 4 or 16 KB tiles, splits of 8 or of 32 at 2
+# warps no faster; waiting on a done counter per kernel (each program's release add; commit 37c6d85) instead of the
+# grid: 0.995 ms; the o-projection in the attention's grid, its programs waiting on a count of combined heads (commit
+# e8bf15a): 0.526 against 0.525 ms at position 300, 0.509 against 0.518 at 100, so the handoff costs what the
+# kernel boundary did.
+TILE_BYTES, WARPS = 8192, 1
+SPLIT, ATTENTION_WARPS = 16, 1
+HEADS = 1                       # query heads an attention program takes (0: all that share its KV head)
+GEMVS = {"qkv": (True, False, False), "o": (False, False, True),   # (norm, glu, residual) of each GEMV
+         "gate_up": (True, True, False), "down": (False, False, True)}
+
+
+def supported(runner) -> str:
+    """Why the fused step cannot run this runner's layers ('' when it can)."""
+    if not all(f and isinstance(f["qkv"], torch.Tensor) for f in runner.fused):
+        return "quantised projections"
+    if runner.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"dtype {runner.dtype}"
+    hd = runner.cache.k.shape[-1]
+    if hd & (hd - 1):
+        return f"head_dim {hd} is not a power of two"
+    if runner.device.type != "cuda" and not INTERPRET:
+        return "no GPU (and not under TRITON_INTERPRET=1)"
+    return ""
+
+
+def _rows(k: int, tile_bytes: int, elem: int, tiles: int = 1) -> int:
+    """Weight rows a GEMV program holds: about tile_bytes of weights (a power of two, at least 1)."""
+    return max(1, triton.next_power_of_2(tile_bytes // (tiles * elem * triton.next_power_of_2(k))))
+
+
+class FusedDecode:
+    """The single-token step of a Runner's body (embedding, layers, final norm) through the kernels above:
+    __call__(ids (1,1), start (0-dim device tensor)) -> final normed hidden state (1,1,d), writing the
+    runner's KV cache like the reference path. Static buffers and a fixed grid: CUDA-graph capturable."""
+
+    def __init__(self, runner, tile_bytes: int = TILE_BYTES, warps: int = WARPS, split: int = SPLIT,
+                 attention_warps: int = ATTENTION_WARPS, heads: int = HEADS):
+        cfg, dev, dt = runner.model.config, runner.device, runner.dtype
+        att = runner.layers[0].self_attn
+        self.runner, self.eps = runner, cfg.rms_norm_eps
+        self.hq, self.hkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, runner.cache.k.shape[-1]
+        self.qk_norm = hasattr(att, "q_norm")
+        self.heads = self.hq // self.hkv if heads == 0 else heads          # query heads an attention program takes
+        self.pdl, self.opts = launches(dev, warps)                            # Triton launch options, made once
+        self.attention_opts = launches(dev, attention_warps)[1]
+        D, inter, L = cfg.hidden_size, cfg.intermediate_size, runner.cache.k.shape[3]
+        self.split, self.ns = split, triton.cdiv(L, split)
+        empty = lambda *shape, dtype=dt: torch.zeros(shape, dtype=dtype, device=dev)
+        self.x, self.out = empty(D), empty(1, 1, D)
+        self.qkv = empty((self.hq + 2 * self.hkv) * self.hd)                   # the step's activations
+        self.attn, self.act = empty(self.hq * self.hd), empty(inter)
+        self.part = empty(self.hq, self.ns, self.hd, dtype=torch.float32)     # attention splits: weighted V,
+        self.ml = empty(self.hq, self.ns, 2, dtype=torch.float32)             # (max, sum) per query head
+        self.count = empty(self.hq, dtype=torch.int32)                        # splits done per program row
+        e = runner.layers[0].self_attn.o_proj.weight.element_size()
+        self.bn = {"qkv": _rows(D, tile_bytes, e), "o": _rows(self.hq * self.hd, tile_bytes, e),
+                   "gate_up": _rows(D, tile_bytes, e, 2), "down": _rows(inter, tile_bytes, e)}
+
+    @torch.no_grad()
+    def __call__(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        with torch.cuda.device(self.x.device) if self.x.is_cuda else nullcontext():   # Triton launches on the
+            return self._step(ids, start)                                             # current device
+
+    def _step(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        r = self.runner
+        torch.index_select(r.body.embed_tokens.weight, 0, ids[0], out=self.x.view(1, -1))
+        for i, layer in enumerate(r.layers):
+            att, mlp = layer.self_attn, layer.mlp
+            self._gemv(self.x, layer.input_layernorm.weight, r.fused[i]["qkv"], self.qkv, "qkv")
+            self._attention(att, r.cache.layer(i), start)
+            self._gemv(self.attn, None, att.o_proj.weight, self.x, "o")
+            self._gemv(self.x, layer.post_attention_layernorm.weight, r.fused[i]["gate_up"], self.act, "gate_up")
+            self._gemv(self.act, None, mlp.down_proj.weight, self.x, "down")
+        D = self.x.numel()
+        _decode_norm[(1,)](self.x, r.body.norm.weight, self.out, self.eps, D, triton.next_power_of_2(D),
+                           self.pdl, **self.opts)
+        return self.out
+
+    def _gemv(self, x, g, w, out, name: str) -> None:
+        norm, glu, residual = GEMVS[name]
+        N, K = w.shape[0] // (2 if glu else 1), w.shape[1]
+        bn = self.bn[name]
+        _decode_gemv[(triton.cdiv(N, bn),)](x, g if norm else x, w, out, self.eps, N, K, triton.next_power_of_2(K),
+                                             bn, norm, glu, residual, self.pdl, **self.opts)
+
+    def _attention(self, att, kv: tuple, start: torch.Tensor) -> None:
+        r, (k_cache, v_cache) = self.runner, kv
+        qn, kn = (att.q_norm.weight, att.k_norm.weight) if self.qk_norm else (self.x, self.x)
+        _decode_attention[(self.hq // self.heads, self.ns)](
+            self.qkv, qn, kn, r.cos, r.sin, k_cache, v_cache, start, self.part, self.ml, self.count, self.attn,
+            self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.heads, self.hd, self.split, self.ns,
+            triton.next_power_of_2(self.ns), k_cache.shape[2], self.qk_norm, self.pdl, **self.attention_opts)
+
+
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 0.15}
+
+
+@torch.no_grad()
+def check(runner, step: FusedDecode, steps: int = 8) -> str:
+    """'' where `step` agrees with the runner's reference path over `steps` single-token calls (fixed token ids)
+    after a prefix of 2.5 attention splits written by the reference path (so that several splits and their
+    combination are checked): final hidden states within TOLERANCE (max |difference| / rms of the reference),
+    and the dense head's argmax equal but at near-ties (the fused token's reference logit within TOLERANCE x the
+    largest |logit| of the maximum). Else the reason. What it measured is kept in step.checked; the cache is
+    zeroed after (a fresh runner's state)."""
+    dev, tol = runner.device, TOLERANCE[runner.dtype]
+    start = max(0, min(5 * step.split // 2, runner.max_len - steps))
+    ids = (torch.arange(start + steps, device=dev) * 7919 + 11) % runner.body.embed_tokens.weight.shape[0]
+    hidden, installed = [], runner.decode
+    runner.decode = None                                          # the reference path, even on a fused runner
+    try:
+        for fn in (lambda x, p: runner._forward(x, p, compiled=False), step):
+            if start:
+                runner._forward(ids[None, :start], torch.tensor(0, device=dev), compiled=False)
+            hidden.append(torch.stack([fn(ids[None, i:i + 1], torch.tensor(i, device=dev))[0, -1].clone()
+                                       for i in range(start, start + steps)]).float())
+            runner.cache.k.zero_()
+            runner.cache.v.zero_()
+    finally:
+        runner.decode = installed                                 # also where a step raised
+    ref, got = hidden
+    err = ((got - ref).abs().amax(-1) / ref.pow(2).mean(-1).sqrt()).max().item()
+    W = runner.model.get_output_embeddings().weight
+    logits = (ref.to(W.dtype) @ W.T).float()
+    picked = logits.gather(1, (got.to(W.dtype) @ W.T).argmax(-1, keepdim=True))[:, 0]
+    gap = (logits.amax(-1) - picked) / logits.abs().amax(-1)
+    step.checked = {"steps": steps, "from_position": start, "rel_error": err, "tolerance": tol,
+                    "argmax_equal": int((gap == 0).sum()), "max_gap": gap.max().item()}
+    if not err <= tol:
+        return f"fused step off the reference: relative error {err:.3g} > {tol}"
+    if not gap.max().item() <= tol:
+        return f"fused step picks another token: reference logit gap {gap.max().item():.3g} > {tol}"
+    return ""
