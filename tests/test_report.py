@@ -1,6 +1,7 @@
 import copy
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
@@ -577,6 +578,39 @@ def test_int4_kernel_that_runs_too_long_is_stopped():
     from lib.study.int4_kernels import _in_subprocess
     got, error = _in_subprocess("w4a16", {"o": [256, 128]}, "cpu", 1, timeout_s=0.01)
     assert got == {} and error.startswith("stopped after 0.01 s")
+
+
+def test_gemlite_starts_from_and_keeps_its_tuned_configs(tmp_path, monkeypatch):
+    """GemLite's autotuned launch configs live in the profile's tuned/ folder, one file per card: read before its first
+    shape where the file exists, written after every shape (a run stopped mid-autotuning keeps what it tuned). GemLite
+    itself is faked (the dense fp16 kernel computes; no CUDA graph on a CPU)."""
+    import sys
+    import types
+    from lib.study import int4_kernels as ik
+    calls = []
+
+    class FakeGemLite:
+        load_config = staticmethod(lambda f: calls.append(("load", Path(f))))
+        cache_config = staticmethod(lambda f: (calls.append(("save", Path(f))), Path(f).write_text("{}")))
+    core = types.ModuleType("gemlite.core")
+    core.GemLiteLinearTriton = FakeGemLite
+    monkeypatch.setitem(sys.modules, "gemlite", types.ModuleType("gemlite"))
+    monkeypatch.setitem(sys.modules, "gemlite.core", core)
+    dense = ik.kernel_call
+    monkeypatch.setattr(ik, "kernel_call", lambda kernel, awq, K, N: dense("dense_fp16", awq, K, N))
+    monkeypatch.setattr(ik, "graphed", lambda make, x, copies: make(x))
+    shapes, cpu = {"o": [256, 128], "qkv": [128, 128]}, torch.device("cpu")
+    configs = ik.gemlite_tuned(tmp_path / "tuned", cpu)
+    assert configs.parent == tmp_path / "tuned" and configs.name.startswith("gemlite_cpu")
+    assert set(ik.kernel_bench("gemlite", shapes, cpu, 1, str(tmp_path / "tuned"))) == {"o", "qkv"}
+    assert calls == [("save", configs), ("save", configs)] and configs.exists()       # nothing to start from yet
+    calls.clear()
+    ik.kernel_bench("gemlite", {"o": [256, 128]}, cpu, 1, str(tmp_path / "tuned"))
+    assert calls == [("load", configs), ("save", configs)]
+    calls.clear()
+    ik.kernel_bench("gemlite", {"o": [256, 128]}, cpu, 1)                           # no folder: nothing kept
+    ik.kernel_bench("dense_fp16", {"o": [256, 128]}, cpu, 1, str(tmp_path / "other"))  # other kernels: no file
+    assert calls == [] and not (tmp_path / "other").exists()
 
 
 def test_int4_kernel_table_only_for_awq_targets():

@@ -175,7 +175,9 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
 # warps no faster; waiting on a done counter per kernel (each program's release add; commit 37c6d85) instead of the
 # grid: 0.995 ms; the o-projection in the attention's grid, its programs waiting on a count of combined heads (commit
 # e8bf15a): 0.526 against 0.525 ms at position 300, 0.509 against 0.518 at 100, so the handoff costs what the
-# kernel boundary did.
+# kernel boundary did. Each kernel bulk-prefetching (cp.async.bulk.prefetch.L2) the weights of the kernel 1-8 ahead
+# into L2 (commit 95f292b): slower at every distance (0.550 ms without, 0.577-0.718 with). The attention's k, v and q
+# in one round trip (_qkv_heads; commit 015a50c): 0.537 -> 0.516 ms.
 TILE_BYTES, WARPS = 8192, 1
 SPLIT, ATTENTION_WARPS = 16, 1
 HEADS = 1                       # query heads an attention program takes (0: all that share its KV head)

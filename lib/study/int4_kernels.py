@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -114,7 +115,7 @@ def _tinygemm(awq: tuple, K: int, N: int):
 def gemlite_tuned(tuned: Path, dev) -> Path:
     """The file that keeps GemLite's autotuned launch configs for this card between runs (its load_config and
     cache_config): an autotuning that outlasts one process's time limit then finishes over several runs."""
-    return Path(tuned) / f"gemlite_{bench.device_name(dev).lower().replace(' ', '_')}.json"
+    return Path(tuned) / f"gemlite_{re.sub('[^a-z0-9]+', '_', bench.device_name(dev).lower()).strip('_')}.json"
 
 
 def _gemlite(awq: tuple, K: int, N: int):
