@@ -151,9 +151,10 @@ def kernel_bench(kernel: str, shapes: dict, dev, iters: int, tuned: str = "") ->
     random weights in every process (seeded per shape). GemLite starts from, and adds to, its configs in the
     folder `tuned` (gemlite_tuned), where one is given."""
     configs = gemlite_tuned(tuned, dev) if tuned and kernel == "gemlite" else None
-    if configs is not None and configs.exists():
-        from gemlite.core import GemLiteLinearTriton
-        GemLiteLinearTriton.load_config(str(configs))
+    if configs is not None:
+        from gemlite.core import GemLiteLinearTriton as gemlite
+        if configs.exists():
+            gemlite.load_config(str(configs))
     out = {}
     for name, (K, N) in shapes.items():
         torch.manual_seed(K * 7 + N)
@@ -175,9 +176,8 @@ def kernel_bench(kernel: str, shapes: dict, dev, iters: int, tuned: str = "") ->
         del make, ref_w, y16
         torch.cuda.empty_cache()
         if configs is not None:                             # what autotuning chose so far survives a time limit
-            from gemlite.core import GemLiteLinearTriton
             configs.parent.mkdir(parents=True, exist_ok=True)
-            GemLiteLinearTriton.cache_config(str(configs))
+            gemlite.cache_config(str(configs))
     return out
 
 
