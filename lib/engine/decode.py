@@ -1,6 +1,7 @@
 """Fused single-token decode of a Qwen3 or Llama body (Triton): five bandwidth-bound kernels a layer.
 
-  _decode_gemv (norm)       RMSNorm of the residual stream, then the fused q/k/v GEMV
+  _decode_gemv (norm)       RMSNorm of the residual stream, then the fused q/k/v GEMV (layer 0: of the token's
+                            embedding row, which it also writes as the residual stream's start)
   _decode_attention         q/k RMS norms (Qwen3), RoPE, the K/V cache write and split-KV single-query
                             attention; the last split of each query head to finish combines the splits
   _decode_gemv (residual)   o-projection GEMV added to the residual stream
@@ -33,10 +34,13 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"          # Triton's CPU in
 
 
 @triton.jit
-def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, eps, N, K: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
-                 NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr):
+def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, ids_ptr, res_ptr, eps, N, K: tl.constexpr, BK: tl.constexpr,
+                 BN: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, EMBED: tl.constexpr,
+                 PDL: tl.constexpr):
     """out[rows] = W[rows] @ a for BN rows a program; a = RMSNorm(x) * g if NORM else x. GLU: W holds gate rows
-    then up rows (2N, K) and out = silu(gate) * up. RESIDUAL: out[rows] += (out is the residual stream)."""
+    then up rows (2N, K) and out = silu(gate) * up. RESIDUAL: out[rows] += (out is the residual stream).
+    EMBED (the first layer's q/k/v): x is row ids[0] of the embedding table at x_ptr, which program 0 also writes
+    to res_ptr as the residual stream's start (no lookup kernel of its own between the head and this one)."""
     _launch_next(PDL)
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     cols = tl.arange(0, BK)
@@ -47,7 +51,12 @@ def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, eps, N, K: tl.constexpr, BK: tl.c
     if NORM:
         g = tl.load(g_ptr + cols, mask=cols < K, other=0.0)      # a weight too: read before the wait
     _wait(PDL)                                                    # weights in flight; now the activations
-    x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
+    if EMBED:
+        x = tl.load(x_ptr + tl.load(ids_ptr) * K + cols, mask=cols < K, other=0.0)
+        if tl.program_id(0) == 0:
+            tl.store(res_ptr + cols, x, mask=cols < K)
+    else:
+        x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
     if RESIDUAL:                                                  # issued beside x, not after the dot
         res = tl.load(out_ptr + rows, mask=rows < N)
     if NORM:                                                      # HF RMSNorm: fp32, to dtype, times weight
@@ -179,6 +188,8 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
 # into L2 (commit 95f292b): slower at every distance (0.550 ms without, 0.577-0.718 with). The attention's k, v and q
 # in one round trip (_qkv_heads; commit 015a50c): 0.537 -> 0.516 ms. The new position's score and V apart from the
 # cached tile instead of merged into it (92 fewer instructions after the wait): 0.515 -> 0.507 ms (bench_body10.py).
+# The token's embedding row read by layer 0's q/k/v GEMV instead of an index_select kernel before it, the heads' last
+# kernels letting it launch at once: a K = 6 block with heads 0.615 -> 0.611 ms (dense), 0.528 -> 0.521 (FlashHead).
 TILE_BYTES, WARPS = 8192, 1
 SPLIT, ATTENTION_WARPS = 16, 1
 HEADS = 1                       # query heads an attention program takes (0: all that share its KV head)
@@ -240,10 +251,10 @@ class FusedDecode:
 
     def _step(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         r = self.runner
-        torch.index_select(r.body.embed_tokens.weight, 0, ids[0], out=self.x.view(1, -1))
         for i, layer in enumerate(r.layers):
             att, mlp = layer.self_attn, layer.mlp
-            self._gemv(self.x, layer.input_layernorm.weight, r.fused[i]["qkv"], self.qkv, "qkv")
+            x, first = (r.body.embed_tokens.weight, ids) if i == 0 else (self.x, None)   # layer 0 looks the token up
+            self._gemv(x, layer.input_layernorm.weight, r.fused[i]["qkv"], self.qkv, "qkv", first)
             self._attention(att, r.cache.layer(i), start)
             self._gemv(self.attn, None, att.o_proj.weight, self.x, "o")
             self._gemv(self.x, layer.post_attention_layernorm.weight, r.fused[i]["gate_up"], self.act, "gate_up")
@@ -253,12 +264,13 @@ class FusedDecode:
                            self.pdl, **self.opts)
         return self.out
 
-    def _gemv(self, x, g, w, out, name: str) -> None:
+    def _gemv(self, x, g, w, out, name: str, ids=None) -> None:
         norm, glu, residual = GEMVS[name]
         N, K = w.shape[0] // (2 if glu else 1), w.shape[1]
         bn = self.bn[name]
-        _decode_gemv[(triton.cdiv(N, bn),)](x, g if norm else x, w, out, self.eps, N, K, triton.next_power_of_2(K),
-                                             bn, norm, glu, residual, self.pdl, **self.opts)
+        _decode_gemv[(triton.cdiv(N, bn),)](x, g if norm else x, w, out, x if ids is None else ids, self.x, self.eps,
+                                             N, K, triton.next_power_of_2(K), bn, norm, glu, residual,
+                                             ids is not None, self.pdl, **self.opts)
 
     def _attention(self, att, kv: tuple, start: torch.Tensor) -> None:
         r, (k_cache, v_cache) = self.runner, kv

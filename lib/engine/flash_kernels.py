@@ -108,7 +108,8 @@ def _flash_tokens(h_ptr, w_ptr, c2t_ptr, keys_ptr, hist_ptr, slab_ptr, plan_ptr,
                   S: tl.constexpr, TF: tl.constexpr, T: tl.constexpr, PDL: tl.constexpr):
     """Launch 2. Program i of P + 1 reads the histogram (the same plan in every program), finds the i-th probe
     (i < P) or the special tokens (i = P, row C of c2t; -1 = none) and scores their tokens; the last to finish
-    writes the token and clears the histogram for the next call."""
+    writes the token and clears the histogram for the next call. The kernel after it may launch at once."""
+    _launch_next(PDL)
     i = tl.program_id(0)
     _wait(PDL)                                                # every score of launch 1 is filed
     bins = tl.arange(0, _NBINS)

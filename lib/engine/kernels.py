@@ -99,7 +99,9 @@ def _finish(key, best_ptr, count_ptr, out_ptr, n):
 @triton.jit
 def _dense_argmax(h_ptr, w_ptr, best_ptr, count_ptr, out_ptr, V, D: tl.constexpr, R: tl.constexpr,
                   BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    """Program g scores rows g*R..g*R+R-1 of W; the last program to finish writes the argmax."""
+    """Program g scores rows g*R..g*R+R-1 of W; the last program to finish writes the argmax. The kernel after it
+    may launch at once (it waits for the token before reading it: the fused step's first GEMV, say)."""
+    _launch_next(PDL)
     rows = tl.program_id(0) * R + tl.arange(0, R)
     ok = rows < V
     _finish(_key(_dot_rows(h_ptr, w_ptr, rows, ok, R, D, BLOCK_D, PDL), rows, ok), best_ptr, count_ptr, out_ptr,
