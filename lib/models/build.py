@@ -136,16 +136,20 @@ def head_kernel(engine) -> str:
     return ran if ran is not None else getattr(engine.head, "kernel_ran", "unrecorded")
 
 
-def kernels(target: Target, drafts: dict[str, Draft]) -> dict[str, str]:
-    """{"target": path, <draft name>: path, ...} of built engines: what a run records in its config.json."""
-    return {"target": head_kernel(target), **{name: head_kernel(d) for name, d in drafts.items()}}
+def body_path(engine) -> str:
+    """Which path runs an engine's single-token body (Runner.decode_path: "fused", or "reference" with the reason
+    the fused step does not run)."""
+    return getattr(getattr(engine, "runner", None), "decode_path", "unrecorded")
+
+
+def kernels(target: Target, drafts: dict[str, Draft], of=head_kernel) -> dict[str, str]:
+    """{"target": path, <draft name>: path, ...} of built engines, what a run records in its config.json: the head
+    kernels (of=head_kernel), or the single-token bodies (of=body_path, `bodies`)."""
+    return {"target": of(target), **{name: of(d) for name, d in drafts.items()}}
 
 
 def bodies(target: Target, drafts: dict[str, Draft]) -> dict[str, str]:
-    """{"target": path, <draft name>: path, ...}: which path runs each engine's single-token body (Runner.decode_path:
-    "fused", or "reference" with the reason the fused step does not run)."""
-    path = lambda e: getattr(getattr(e, "runner", None), "decode_path", "unrecorded")
-    return {"target": path(target), **{name: path(d) for name, d in drafts.items()}}
+    return kernels(target, drafts, body_path)
 
 
 def shared_dense(profile: Profile) -> str:
