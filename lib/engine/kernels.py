@@ -130,6 +130,22 @@ def scratch(device, C: int = 0, S: int = 1) -> dict:
     return _SCRATCH[key]
 
 
+_COUNTERS: dict = {}
+
+
+def counters(device: torch.device, n: int, owner: str) -> torch.Tensor:
+    """Per-device, per-owner int32 zeros (at least 64k): how many programs of a tile have stored their partials.
+    Each call of the owner's kernel leaves them at zero; made outside any CUDA-graph capture (call once before)."""
+    key = (torch.device(device), owner)
+    have = _COUNTERS.get(key)
+    if have is None or have.numel() < n:
+        if key[0].type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"{owner}: {n} tile counters needed while a CUDA graph is captured; "
+                               f"call it once before capturing")
+        _COUNTERS[key] = have = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
+    return have
+
+
 def has_pdl(device: torch.device) -> bool:
     """Programmatic dependent launch: CUDA on Hopper or later (not Triton's CPU interpreter)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9

@@ -18,7 +18,8 @@ from ..engine.speculative import Draft, Target
 def acceleration(profile: Profile, role: str) -> Acceleration:
     """The profile's policy for role 'draft' or 'target': compile only on CUDA devices; the target's calls
     batch-invariant where decode.batch_invariant says (unset: on CUDA), at k_max + 1 rows (the longest verify);
-    the draft's single-token steps fused (lib/engine/decode.py) where decode.fused_draft says (unset: on CUDA)."""
+    the draft's single-token steps fused (lib/engine/decode.py) where decode.fused_draft says (unset: on CUDA); the
+    Triton attention (lib/engine/attention.py) where decode.triton_attention says (unset: on CUDA)."""
     cuda = torch.device(getattr(profile, f"{role}_device")).type == "cuda"
     compile = cuda and getattr(profile.bench, f"compile_{role}")
     invariant = profile.decode.batch_invariant
@@ -26,7 +27,8 @@ def acceleration(profile: Profile, role: str) -> Acceleration:
     rows = profile.decode.k_max + 1 if role == "target" and invariant else 0
     fused = profile.decode.fused_draft
     fused = role == "draft" and (cuda if fused is None else fused)
-    return Acceleration(profile.bench.cuda_graphs, compile, rows, fused)
+    attention = profile.decode.triton_attention
+    return Acceleration(profile.bench.cuda_graphs, compile, rows, fused, cuda if attention is None else attention)
 
 
 def cache_len(profile: Profile) -> int:
@@ -150,6 +152,15 @@ def kernels(target: Target, drafts: dict[str, Draft], of=head_kernel) -> dict[st
 
 def bodies(target: Target, drafts: dict[str, Draft]) -> dict[str, str]:
     return kernels(target, drafts, body_path)
+
+
+def attention_path(engine) -> str:
+    """How an engine's multi-token calls attend (Runner.attention_path: "triton", or "sdpa" with the reason)."""
+    return getattr(getattr(engine, "runner", None), "attention_path", "unrecorded")
+
+
+def attentions(target: Target, drafts: dict[str, Draft]) -> dict[str, str]:
+    return kernels(target, drafts, attention_path)
 
 
 def shared_dense(profile: Profile) -> str:

@@ -44,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..engine.kernels import counters
 from .quantize import GROUP, as_int32, unpack
 
 ROWS = 16                          # activation rows of one program (the wgmma's N)
@@ -202,26 +203,16 @@ def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dty
     grid = (triton.cdiv(N, tiles.block_n), split, triton.cdiv(M, ROWS))
     y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty(split, M, N, dtype=torch.float32, device=x.device) if split > 1 else y
-    counters = tile_counters(x.device, grid[0] * grid[2])
-    _w4a16_kernel[grid](x, w.words, w.zeros, w.scales, part, counters, y, M, N, K, x.stride(0), w.words.stride(0),
+    count = tile_counters(x.device, grid[0] * grid[2])
+    _w4a16_kernel[grid](x, w.words, w.zeros, w.scales, part, count, y, M, N, K, x.stride(0), w.words.stride(0),
                         w.scales.stride(0), per, tiles.block_n, _MAGIC[x.dtype], split > 1, _EMULATE,
                         num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return y
 
 
-_COUNTERS: dict = {}
-
-
 def tile_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Per-device int32 zeros, one per (column, row) tile: how many K ranges have stored their partials. Each call
-    leaves them at zero; made once (at least 64k) outside any CUDA-graph capture (Int4Linear makes them at load)."""
-    have = _COUNTERS.get(device)
-    if have is None or have.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"w4a16: {n} tile counters needed while a CUDA graph is captured; call "
-                               f"tile_counters({device}, {n}) before capturing")
-        _COUNTERS[device] = have = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
-    return have
+    """The W4A16 kernel's counters (lib/engine/kernels.py: counters); Int4Linear makes them at load."""
+    return counters(device, n, "w4a16")
 
 
 DEFAULT_TILES = Tiles()            # what Int4Linear runs (benchmarks set another to compare)

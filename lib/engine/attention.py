@@ -1,0 +1,119 @@
+"""Attention of n query rows over a runner's static KV cache (Triton): what its multi-token calls (a target's
+verify and padded single-token calls, a prefill) run on a GPU in place of SDPA over the whole cache with a mask.
+
+Program (h, r, s) takes the G query heads that share KV head h, for query row r, over the cache positions of
+split s (S positions from s*S) up to the row's own position (causal): scores of the (G, hd) query tile against
+BL positions at a time on the tensor cores, an online softmax in fp32, then (max, sum, weighted V) stored per
+query head. The last of a (h, r)'s NS programs to finish (a counter) combines the splits in split order.
+Splits and blocks are fixed positions, every reduction runs in a fixed order, and nothing a program computes
+depends on the other rows: a row's output is bitwise the same at any row index and in a call of any length,
+and blocks past a row's position are not read, so the cost follows the positions in use, not the cache's length.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .kernels import counters
+
+SPLIT = 128                     # cache positions a program takes
+BLOCK = 64                      # positions a step of its loop scores
+WARPS = 4
+
+
+@triton.jit
+def _cached_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, out_ptr, scale, sq_h, sq_n,
+                      sk_h, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, S: tl.constexpr,
+                      BL: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, PREC: tl.constexpr):
+    h, r, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    g, d = tl.arange(0, GP), tl.arange(0, HD)
+    heads, real = h * G + g, g < G                               # GP >= 16 rows for the dot: G real ones
+    pos = tl.load(pos_ptr + r)
+    q = tl.load(q_ptr + heads[:, None] * sq_h + r * sq_n + d[None, :], mask=real[:, None], other=0.0)
+    k_at, v_at = k_ptr + h.to(tl.int64) * sk_h, v_ptr + h.to(tl.int64) * sk_h
+    m = tl.full((GP,), -float("inf"), tl.float32)
+    l = tl.zeros((GP,), tl.float32)
+    acc = tl.zeros((GP, HD), tl.float32)
+    for b in range(s * S, tl.minimum(s * S + S, pos + 1), BL):   # blocks of positions this row may see
+        p = b + tl.arange(0, BL)
+        ok = p <= pos
+        kt = tl.load(k_at + p[:, None] * HD + d[None, :], mask=ok[:, None], other=0.0)
+        vt = tl.load(v_at + p[:, None] * HD + d[None, :], mask=ok[:, None], other=0.0)
+        sc = tl.dot(q, tl.trans(kt), input_precision=PREC) * scale
+        sc = tl.where(ok[None, :], sc, -float("inf"))
+        top = tl.maximum(m, tl.max(sc, 1))                       # finite: a block holds position b <= pos
+        e = tl.exp(sc - top[:, None])
+        keep = tl.exp(m - top)                                   # 0 before the first block
+        l = l * keep + tl.sum(e, 1)
+        acc = acc * keep[:, None] + tl.dot(e.to(vt.dtype), vt, input_precision=PREC)
+        m = top
+    at = (r * HQ + heads) * NS + s                               # (row, head, split): a split past pos stores
+    tl.store(ml_ptr + at * 2, m, mask=real)                      # max -inf, sum 0, weighted V 0
+    tl.store(ml_ptr + at * 2 + 1, l, mask=real)
+    tl.store(part_ptr + at[:, None] * HD + d[None, :], acc, mask=real[:, None])
+    tl.debug_barrier()                                           # partials stored before we count ourselves
+    tile = r * tl.num_programs(0) + h
+    if tl.atomic_add(count_ptr + tile, 1) == NS - 1:             # acq_rel: the last sees every partial
+        tl.store(count_ptr + tile, 0)                            # ready for the next call
+        sp = tl.arange(0, NSP)
+        live = (sp < NS) & (sp * S <= pos)                       # the splits that hold positions
+        for j in tl.static_range(G):
+            row = (r * HQ + h * G + j) * NS + sp
+            ms = tl.load(ml_ptr + row * 2, mask=live, other=-float("inf"), cache_modifier=".cg")
+            ls = tl.load(ml_ptr + row * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
+            vs = tl.load(part_ptr + row[:, None] * HD + d[None, :], mask=live[:, None], other=0.0, cache_modifier=".cg")
+            w = tl.exp(ms - tl.max(ms, 0))
+            o = tl.sum(w[:, None] * vs, 0) / tl.sum(w * ls, 0)
+            tl.store(out_ptr + (r * HQ + h * G + j) * HD + d, o.to(out_ptr.dtype.element_ty))
+
+
+def supported(device: torch.device, head_dim: int) -> str:
+    """Why the kernel cannot run for this device and head size ('' when it can)."""
+    if head_dim & (head_dim - 1) or head_dim < 16:
+        return f"head_dim {head_dim} is not a power of two of at least 16"
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "no GPU (and not under TRITON_INTERPRET=1)"
+    return ""
+
+
+def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+                     split: int = SPLIT, block: int = BLOCK, warps: int = WARPS) -> torch.Tensor:
+    """q (1, HQ, n, hd) of queries at positions pos (n,) over caches (1, Hkv, L, hd), each query attending its own
+    and earlier positions -> (1, n, HQ, hd) in q's dtype (the layout the o-projection reads)."""
+    _, HQ, n, HD = q.shape
+    Hkv, L = k_cache.shape[1], k_cache.shape[2]
+    if HQ % Hkv or HD & (HD - 1) or split % block or k_cache.shape != v_cache.shape:
+        raise ValueError(f"cached_attention: {HQ} query heads over {Hkv} KV heads, head_dim {HD} (a power of two), "
+                         f"split {split} (a multiple of {block}), caches {tuple(k_cache.shape)} {tuple(v_cache.shape)}")
+    if k_cache.stride()[1:] != (L * HD, HD, 1) or v_cache.stride() != k_cache.stride():
+        raise ValueError("cached_attention: the caches must be contiguous per KV head")
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    G, ns = HQ // Hkv, triton.cdiv(L, split)
+    out = torch.empty(1, n, HQ, HD, dtype=q.dtype, device=q.device)
+    part = torch.empty(n, HQ, ns, HD, dtype=torch.float32, device=q.device)
+    ml = torch.empty(n, HQ, ns, 2, dtype=torch.float32, device=q.device)
+    count = counters(q.device, n * Hkv, "attention")
+    _cached_attention[(Hkv, n, ns)](q, k_cache, v_cache, pos, part, ml, count, out, HD ** -0.5, q.stride(1),
+                                    q.stride(2), L * HD, HQ, G, max(16, triton.next_power_of_2(G)), HD, split, block,
+                                    ns, triton.next_power_of_2(ns), "ieee" if q.dtype == torch.float32 else "tf32",
+                                    num_warps=warps)
+    return out
+
+
+@torch.library.custom_op("study::cached_attention", mutates_args=())
+def _cached_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         pos: torch.Tensor) -> torch.Tensor:
+    return cached_attention(q, k_cache, v_cache, pos)
+
+
+@_cached_attention_op.register_fake
+def _(q, k_cache, v_cache, pos):
+    return q.new_empty(1, q.shape[2], q.shape[1], q.shape[3])
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The kernel above as a custom op: torch.compile traces a layer around it without a graph break."""
+    return torch.ops.study.cached_attention(q, k_cache, v_cache, pos)
