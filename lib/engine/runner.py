@@ -34,10 +34,10 @@ class KVCache:
 @dataclass(frozen=True)
 class Acceleration:
     """What a runner's calls are built with: CUDA graphs (ignored on a CPU), torch.compile of the layer,
-    batch-invariant rows, the fused single-token step and the Triton attention. rows > 0: every call of at most `rows` tokens runs
-    padded to exactly `rows` rows, so every kernel (matmuls, attention, norms, the head) sees one shape and reduces
-    each row in one order whatever the number of real rows: a verify call's logits are bitwise those of
-    single-token calls at its positions. fused: single-token calls run lib/engine/decode.py's kernels where they
+    batch-invariant rows, the fused single-token step and the Triton attention. rows > 0: every call of at most
+    `rows` tokens runs padded to exactly `rows` rows, so every kernel (matmuls, attention, norms, the head) sees one
+    shape and reduces each row in one order whatever the number of real rows: a verify call's logits are bitwise
+    those of single-token calls at its positions. fused: single-token calls run lib/engine/decode.py's kernels where they
     can and pass the check against this module's reference path (Runner.decode_path says which path runs).
     attention: the layers attend through lib/engine/attention.py's kernel where it can run, else through SDPA over
     the whole cache (Runner.attention_path says which)."""
