@@ -257,34 +257,24 @@ def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple, att
     else:
         o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
                                            enable_gqa=q.shape[1] != k.shape[1]).transpose(1, 2)
-    x = project(att.o_proj, o.reshape(1, n, -1), residual=x)
+    x = x + project(att.o_proj, o.reshape(1, n, -1))
     h = layer.post_attention_layernorm(x)
     mlp = layer.mlp
     if fused:                                                                               # one GEMV for gate, up
-        gu = project(fused["gate_up"], h)
-        if getattr(mlp.down_proj, "takes_glu", False) and type(mlp.act_fn).__name__ == "SiLUActivation":
-            return mlp.down_proj(gu, residual=x, glu=True)                                  # SiLU in its prologue
-        g, u = gu.chunk(2, dim=-1)
+        g, u = project(fused["gate_up"], h).chunk(2, dim=-1)
     else:
         g, u = project(mlp.gate_proj, h), project(mlp.up_proj, h)
-    return project(mlp.down_proj, mlp.act_fn(g) * u, residual=x)
+    return x + project(mlp.down_proj, mlp.act_fn(g) * u)
 
 
-def project(module, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """A projection (plus `residual` where given): a weight tensor (fused plain Linears), a plain Linear or a module
-    that says it is `traceable` (lib.models.w4a16's custom op, which adds the residual in its epilogue) is traced
-    with the layer; any other quantised module (gptqmodel's AWQ kernels) is called opaquely, since dynamo cannot
-    trace their Python wrappers (a ContextVar, a lock): one graph break per call, and torch.compile fuses the
-    norms, RoPE and attention between."""
-    if residual is not None and getattr(module, "adds_residual", False):
-        return module(x, residual)
+def project(module, x: torch.Tensor) -> torch.Tensor:
+    """A projection: a weight tensor (fused plain Linears), a plain Linear or a module that says it is
+    `traceable` (lib.models.w4a16's custom op) is traced with the layer; any other quantised module (gptqmodel's
+    AWQ kernels) is called opaquely, since dynamo cannot trace their Python wrappers (a ContextVar, a lock): one
+    graph break per call, and torch.compile fuses the norms, RoPE and attention between."""
     if isinstance(module, torch.Tensor):
-        y = F.linear(x, module)
-    elif type(module) is torch.nn.Linear or getattr(module, "traceable", False):
-        y = module(x)
-    else:
-        y = _opaque(module, x)
-    return y if residual is None else residual + y
+        return F.linear(x, module)
+    return module(x) if type(module) is torch.nn.Linear or getattr(module, "traceable", False) else _opaque(module, x)
 
 
 @torch.compiler.disable

@@ -89,11 +89,8 @@ def _pair(p, zz, DT: tl.constexpr, EMULATE: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M"])                            # one compiled kernel for every M (M == 1 too)
-def _w4a16_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, count_ptr, res_ptr, out_ptr, M, N, K, stride_xm, stride_w,
-                  stride_g, k_per_split, BLOCK_N: tl.constexpr, MAGIC: tl.constexpr, SPLIT: tl.constexpr,
-                  GLU: tl.constexpr, RESIDUAL: tl.constexpr, EMULATE: tl.constexpr):
-    """GLU: x holds (gate, up) side by side, (M, 2K), and the product takes silu(gate) * up in fp32, rounded to x's
-    dtype (as the compiled layer rounds it). RESIDUAL: out = res + the product, added in fp32 and rounded once."""
+def _w4a16_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, count_ptr, out_ptr, M, N, K, stride_xm, stride_w, stride_g,
+                  k_per_split, BLOCK_N: tl.constexpr, MAGIC: tl.constexpr, SPLIT: tl.constexpr, EMULATE: tl.constexpr):
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     rows = pid_m * 16 + tl.arange(0, 16)
@@ -116,10 +113,6 @@ def _w4a16_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, count_ptr, res_ptr, out_
                 k = k0 + 16 * (4 * h + j) + k16                  # the 16 K positions of chunk 4h + j
                 # padded rows read as 0: the tile, and so each row's sums, do not depend on M
                 xt = tl.load(x_ptr + rows[None, :] * stride_xm + k[:, None], mask=rows[None, :] < M, other=0.0)
-                if GLU:                                                   # silu(0) * 0 = 0 in padded rows too
-                    gate = xt.to(tl.float32)
-                    up = tl.load(x_ptr + rows[None, :] * stride_xm + K + k[:, None], mask=rows[None, :] < M, other=0.0)
-                    xt = (gate / (1.0 + tl.exp(-gate)) * up.to(tl.float32)).to(DT)
                 lo, hi = _pair(words >> (4 * j), zz, DT, EMULATE)
                 w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 16))   # (column, 2r + t): K order within the chunk
                 if EMULATE:
@@ -139,16 +132,9 @@ def _w4a16_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, count_ptr, res_ptr, out_
             acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
             for kr in range(splits):                             # fixed order: deterministic, batch-invariant
                 acc += tl.load(part_ptr + kr * M * N + at, mask=keep, other=0.0, cache_modifier=".cg")
-            _store(out_ptr, res_ptr, at, keep, acc, RESIDUAL)
+            tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=keep)
     else:
-        _store(out_ptr, res_ptr, at, keep, acc, RESIDUAL)
-
-
-@triton.jit
-def _store(out_ptr, res_ptr, at, keep, acc, RESIDUAL: tl.constexpr):
-    if RESIDUAL:
-        acc += tl.load(res_ptr + at, mask=keep, other=0.0).to(tl.float32)
-    tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=keep)
+        tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=keep)
 
 
 # Triton picks the interpreter when the kernels are decorated, so ask the kernel rather than the environment
@@ -201,17 +187,13 @@ def split_plan(K: int, N: int, tiles: Tiles) -> tuple[int, int]:
     return triton.cdiv(blocks, per), per * 128                  # no empty ranges
 
 
-def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dtype: torch.dtype | None = None,
-                 residual: torch.Tensor | None = None, glu: bool = False):
-    """y (M, N) = x (M, K) @ W, fp32 accumulation, as out_dtype (default x's dtype); plus residual (M, N) where
-    given; glu: x is (M, 2K), gate then up, and y = (silu(gate) * up) @ W."""
-    M, K = x.shape[0], w.words.shape[0] * 64
+def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dtype: torch.dtype | None = None):
+    """y (M, N) = x (M, K) @ W, fp32 accumulation, as out_dtype (default x's dtype)."""
+    M, K = x.shape
     N = w.scales.shape[1]
-    if x.shape[1] != (2 if glu else 1) * K or x.dtype != w.scales.dtype:
-        raise ValueError(f"x must be {w.scales.dtype} of shape (M, {(2 if glu else 1) * K}), "
+    if K != w.words.shape[0] * 64 or x.dtype != w.scales.dtype:
+        raise ValueError(f"x must be {w.scales.dtype} of shape (M, {w.words.shape[0] * 64}), "
                          f"got {tuple(x.shape)} {x.dtype}")
-    if residual is not None and (residual.shape != (M, N) or residual.stride() != (N, 1)):
-        raise ValueError(f"the residual must be contiguous of shape {(M, N)}, got {tuple(residual.shape)}")
     if tiles.block_n not in (64, 128, 256):
         raise ValueError(f"block_n must be 64, 128 or 256, got {tiles.block_n}")
     if w.words.stride()[1:] != (8, 1) or w.scales.stride(1) != 1 or w.zeros.stride() != w.scales.stride():
@@ -222,9 +204,8 @@ def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dty
     y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty(split, M, N, dtype=torch.float32, device=x.device) if split > 1 else y
     count = tile_counters(x.device, grid[0] * grid[2])
-    _w4a16_kernel[grid](x, w.words, w.zeros, w.scales, part, count, y if residual is None else residual, y, M, N, K,
-                        x.stride(0), w.words.stride(0), w.scales.stride(0), per, tiles.block_n, _MAGIC[x.dtype],
-                        split > 1, glu, residual is not None, _EMULATE,
+    _w4a16_kernel[grid](x, w.words, w.zeros, w.scales, part, count, y, M, N, K, x.stride(0), w.words.stride(0),
+                        w.scales.stride(0), per, tiles.block_n, _MAGIC[x.dtype], split > 1, _EMULATE,
                         num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return y
 
@@ -238,24 +219,19 @@ DEFAULT_TILES = Tiles()            # what Int4Linear runs (benchmarks set anothe
 
 
 @torch.library.custom_op("study::w4a16_matmul", mutates_args=())
-def _w4a16_op(x: torch.Tensor, words: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
-              residual: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
-    return w4a16_matmul(x, PackedInt4(words, zeros, scales), DEFAULT_TILES, residual=residual, glu=glu)
+def _w4a16_op(x: torch.Tensor, words: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return w4a16_matmul(x, PackedInt4(words, zeros, scales), DEFAULT_TILES)
 
 
 @_w4a16_op.register_fake
-def _(x, words, zeros, scales, residual=None, glu=False):
+def _(x, words, zeros, scales):
     return x.new_empty(x.shape[0], scales.shape[1])
 
 
 class Int4Linear(torch.nn.Module):
     """A bias-free Linear of AWQ int4 weights through w4a16_matmul. A custom op, so torch.compile traces the layer
-    around it without a graph break (`traceable`); `concat` fuses projections of one input; the kernel adds the
-    residual stream in its epilogue (`adds_residual`) and takes a SiLU-gated input in its prologue (`takes_glu`),
-    so that neither is a kernel of its own in the layer (lib/engine/runner.py: project)."""
+    around it without a graph break (`traceable`); `concat` fuses projections of one input."""
     traceable = True
-    adds_residual = True
-    takes_glu = True
 
     def __init__(self, w: PackedInt4):
         super().__init__()
@@ -286,13 +262,11 @@ class Int4Linear(torch.nn.Module):
     def packed(self) -> PackedInt4:
         return PackedInt4(self.words, self.zeros, self.scales)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
-        """x @ W (+ residual); glu: x is (gate, up) side by side and the product takes silu(gate) * up."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         # inference only: the op has no gradient, so x is detached (a compiled layer whose inputs require grad
         # would otherwise trace a backward through it)
-        x2 = x.detach().reshape(-1, x.shape[-1])
-        r2 = None if residual is None else residual.detach().reshape(-1, self.out_features).contiguous()
-        y = torch.ops.study.w4a16_matmul(x2, self.words, self.zeros, self.scales, r2, glu)
+        x2 = x.detach().reshape(-1, self.in_features)
+        y = torch.ops.study.w4a16_matmul(x2, self.words, self.zeros, self.scales)
         return y.view(*x.shape[:-1], self.out_features)
 
 
