@@ -116,9 +116,9 @@ class Decode:
     # the draft's single-token steps through the fused Triton kernels (lib/engine/decode.py), checked against the
     # reference path when built; unset: on for CUDA
     fused_draft: bool | None = None
-    # both models' multi-token calls attend through lib/engine/attention.py's Triton kernel instead of SDPA over the
-    # whole cache; unset: on for CUDA
-    triton_attention: bool | None = None
+    # both models' multi-token calls attend and normalise through lib/engine/layer_kernels.py's Triton kernels
+    # instead of SDPA over the whole cache and inductor's norms; unset: on for CUDA
+    triton_layers: bool | None = None
     bandit: Bandit = field(default_factory=Bandit)
 
 

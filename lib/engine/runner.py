@@ -34,18 +34,18 @@ class KVCache:
 @dataclass(frozen=True)
 class Acceleration:
     """What a runner's calls are built with: CUDA graphs (ignored on a CPU), torch.compile of the layer,
-    batch-invariant rows, the fused single-token step and the Triton attention. rows > 0: every call of at most
+    batch-invariant rows, the fused single-token step and the Triton layer kernels. rows > 0: every call of at most
     `rows` tokens runs padded to exactly `rows` rows, so every kernel (matmuls, attention, norms, the head) sees one
     shape and reduces each row in one order whatever the number of real rows: a verify call's logits are bitwise
-    those of single-token calls at its positions. fused: single-token calls run lib/engine/decode.py's kernels where they
-    can and pass the check against this module's reference path (Runner.decode_path says which path runs).
-    attention: the layers attend through lib/engine/attention.py's kernel where it can run, else through SDPA over
-    the whole cache (Runner.attention_path says which)."""
+    those of single-token calls at its positions. fused: single-token calls run lib/engine/decode.py's kernels where
+    they can and pass the check against this module's reference path (Runner.decode_path says which path runs).
+    triton_layers: the layers attend and normalise through lib/engine/layer_kernels.py where it can run, else
+    through SDPA over the whole cache and the model's norm modules (Runner.layer_path says which)."""
     graphs: bool = False
     compile: bool = False
     rows: int = 0
     fused: bool = False
-    attention: bool = False
+    triton_layers: bool = False
 
 
 class Runner:
@@ -83,7 +83,7 @@ class Runner:
         self._layer = (torch.compile(layer_forward, fullgraph=whole, dynamic=False, options=COMPILE_OPTIONS)
                        if accel.compile else None)
         self.role, self.clock = role, clock
-        self.attend, self.attention_path = triton_attention(self) if accel.attention else (None, "sdpa")
+        self.kernels, self.layer_path = triton_layers(self) if accel.triton_layers else (None, "torch")
         self.decode = None                                                                  # the reference path first
         self.decode, self.decode_path = fused_decode(self) if accel.fused else (None, "reference")
 
@@ -92,14 +92,14 @@ class Runner:
         if n == 1 and self.decode is not None:
             return self.decode(ids, start)                                                  # the fused step
         pos = start + self.arange[:n]                                                       # (n,)
-        mask = None if self.attend else self.arange[None, :] <= pos[:, None]                # (n,max_len) causal
+        mask = None if self.kernels else self.arange[None, :] <= pos[:, None]                # (n,max_len) causal
         x = self.body.embed_tokens(ids)
         at = (pos, mask, self.cos[pos], self.sin[pos])                                      # cos, sin: (n,hd)
         compiled = compiled and self._layer is not None                                     # eager for any-length prefill
         fn = self._layer if compiled else layer_forward
         with torch._dynamo.config.patch(**RECOMPILE_LIMITS) if compiled else nullcontext():
             for i, layer in enumerate(self.layers):
-                x = fn(layer, self.fused[i], x, at, self.cache.layer(i), self.attend)
+                x = fn(layer, self.fused[i], x, at, self.cache.layer(i), self.kernels)
         return self.body.norm(x)
 
     def _argmax(self, h: torch.Tensor) -> torch.Tensor:
@@ -222,25 +222,25 @@ def fused_decode(runner: Runner) -> tuple:
     return (None, f"reference ({why})") if why else (step, "fused")
 
 
-def triton_attention(runner: Runner) -> tuple:
-    """(lib/engine/attention.py's attend, "triton"), or (None, "sdpa (why not)") where it cannot run."""
+def triton_layers(runner: Runner) -> tuple:
+    """(lib/engine/layer_kernels.py's TritonLayer, "triton"), or (None, "torch (why not)") where it cannot run."""
     try:
-        from . import attention
+        from . import layer_kernels
     except ImportError as e:                                                                # no Triton
-        return None, f"sdpa ({e})"
-    why = attention.supported(runner.device, runner.cache.k.shape[-1])
-    return (None, f"sdpa ({why})") if why else (attention.attend, "triton")
+        return None, f"torch ({e})"
+    why = layer_kernels.supported(runner.device, runner.cache.k.shape[-1])
+    return (None, f"torch ({why})") if why else (layer_kernels.TritonLayer, "triton")
 
 
-def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple, attend=None) -> torch.Tensor:
+def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple, kernels=None) -> torch.Tensor:
     """One decoder layer (Qwen3: q/k RMS norms; Llama: none) on x (1,n,D) at = (positions pos (n,), mask, cos,
     sin), writing K/V into the static cache kv = (k_cache, v_cache), (1,Hkv,max_len,hd) each; mask (n,max_len)
-    allows each query its own and earlier positions (SDPA's); cos, sin (n,hd) the rotary tables at pos. attend:
-    lib/engine/attention.py's kernel in place of SDPA."""
+    allows each query its own and earlier positions (SDPA's); cos, sin (n,hd) the rotary tables at pos. kernels:
+    lib/engine/layer_kernels.py's TritonLayer in place of SDPA and the norm modules."""
     (pos, mask, cos, sin), (k_cache, v_cache) = at, kv
     att = layer.self_attn
     n, hd = x.shape[1], k_cache.shape[-1]
-    h = layer.input_layernorm(x)
+    h = kernels.norm(layer.input_layernorm, x) if kernels else layer.input_layernorm(x)
     if fused:                                                                               # one GEMV for q, k, v
         q, k, v = project(fused["qkv"], h).split(fused["qkv_sizes"], dim=-1)
     else:
@@ -252,13 +252,17 @@ def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple, att
     q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
     k_cache.index_copy_(2, pos, k)
     v_cache.index_copy_(2, pos, v)
-    if attend is not None:                                                                  # (1,n,heads,hd)
-        o = attend(q, k_cache, v_cache, pos)
+    if kernels:                                                                             # (1,n,heads,hd)
+        o = kernels.attend(q, k_cache, v_cache, pos)
     else:
         o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
                                            enable_gqa=q.shape[1] != k.shape[1]).transpose(1, 2)
-    x = x + project(att.o_proj, o.reshape(1, n, -1))
-    h = layer.post_attention_layernorm(x)
+    y = project(att.o_proj, o.reshape(1, n, -1))
+    if kernels:                                                                             # add and norm: one kernel
+        x, h = kernels.add_norm(layer.post_attention_layernorm, x, y)
+    else:
+        x = x + y
+        h = layer.post_attention_layernorm(x)
     mlp = layer.mlp
     if fused:                                                                               # one GEMV for gate, up
         g, u = project(fused["gate_up"], h).chunk(2, dim=-1)

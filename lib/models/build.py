@@ -19,7 +19,7 @@ def acceleration(profile: Profile, role: str) -> Acceleration:
     """The profile's policy for role 'draft' or 'target': compile only on CUDA devices; the target's calls
     batch-invariant where decode.batch_invariant says (unset: on CUDA), at k_max + 1 rows (the longest verify);
     the draft's single-token steps fused (lib/engine/decode.py) where decode.fused_draft says (unset: on CUDA); the
-    Triton attention (lib/engine/attention.py) where decode.triton_attention says (unset: on CUDA)."""
+    Triton layer kernels (lib/engine/layer_kernels.py) where decode.triton_layers says (unset: on CUDA)."""
     cuda = torch.device(getattr(profile, f"{role}_device")).type == "cuda"
     compile = cuda and getattr(profile.bench, f"compile_{role}")
     invariant = profile.decode.batch_invariant
@@ -27,8 +27,8 @@ def acceleration(profile: Profile, role: str) -> Acceleration:
     rows = profile.decode.k_max + 1 if role == "target" and invariant else 0
     fused = profile.decode.fused_draft
     fused = role == "draft" and (cuda if fused is None else fused)
-    attention = profile.decode.triton_attention
-    return Acceleration(profile.bench.cuda_graphs, compile, rows, fused, cuda if attention is None else attention)
+    layers = profile.decode.triton_layers
+    return Acceleration(profile.bench.cuda_graphs, compile, rows, fused, cuda if layers is None else layers)
 
 
 def cache_len(profile: Profile) -> int:
@@ -154,13 +154,14 @@ def bodies(target: Target, drafts: dict[str, Draft]) -> dict[str, str]:
     return kernels(target, drafts, body_path)
 
 
-def attention_path(engine) -> str:
-    """How an engine's multi-token calls attend (Runner.attention_path: "triton", or "sdpa" with the reason)."""
-    return getattr(getattr(engine, "runner", None), "attention_path", "unrecorded")
+def layer_path(engine) -> str:
+    """How an engine's multi-token calls attend and normalise (Runner.layer_path: "triton", or "torch" with the
+    reason)."""
+    return getattr(getattr(engine, "runner", None), "layer_path", "unrecorded")
 
 
-def attentions(target: Target, drafts: dict[str, Draft]) -> dict[str, str]:
-    return kernels(target, drafts, attention_path)
+def layer_paths(target: Target, drafts: dict[str, Draft]) -> dict[str, str]:
+    return kernels(target, drafts, layer_path)
 
 
 def shared_dense(profile: Profile) -> str:

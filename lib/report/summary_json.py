@@ -18,14 +18,14 @@ from .tables import kernel_of, run_kernels
 
 def run_source(profile: Profile, run: Path) -> dict:
     """Which run a summary or table comes from: its directory (relative to the profile's outputs), the commit it
-    ran at, which path ran each engine's single-token body and how its multi-token calls attended (runs made before
+    ran at, which path ran each engine's single-token body and its multi-token calls' layer kernels (runs made before
     that was recorded: none), from
     its config.json."""
     cfg = json.loads((Path(run) / "config.json").read_text())
     wrote = [cfg.get("commit", "unknown"), *(r.get("commit", "unknown") for r in cfg.get("resumed", []))]
     return {"run": str(Path(run).relative_to(profile.out_dir)), "run_commit": cfg.get("commit", "unknown"),
             "run_started": cfg.get("started"), "sample_commits": list(dict.fromkeys(wrote)),  # each resume's too
-            "run_bodies": cfg.get("bodies"), "run_attention": cfg.get("attention")}
+            "run_bodies": cfg.get("bodies"), "run_layers": cfg.get("layers")}
 
 
 def extra_summary(profile: Profile) -> dict:

@@ -32,7 +32,7 @@ def new_run(out_dir: Path, config: dict, name: str = "e2e") -> Path:
 def record_kernels(run: Path, kernels: dict, key: str = "kernels") -> None:
     """Add which kernel path picks each engine's tokens (lib/models/build.py: kernels, {"target": ..., <draft>: ...}) to
     the run's config.json under `kernels` (key="bodies": which path runs each engine's single-token body, build.bodies;
-    key="attention": how each engine's multi-token calls attend, build.attentions),
+    key="layers": how each engine's multi-token calls attend and normalise, build.layer_paths),
     once its engines are built. A run records them before its first sample; one started by older code with samples
     and no record stays unrecorded. Samples of one run never come from other kernels than those it recorded: a
     difference stops with one line."""

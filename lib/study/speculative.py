@@ -62,7 +62,7 @@ def run_shard(profile: Profile, run: Path, shard: tuple[int, int] = (0, 1), targ
     target, drafts = engines.build_engines(profile, target_model=target_model)
     runs.record_kernels(run, engines.kernels(target, drafts))              # which head kernels the samples use
     runs.record_kernels(run, engines.bodies(target, drafts), "bodies")      # and which single-token bodies
-    runs.record_kernels(run, engines.attentions(target, drafts), "attention")   # and attention kernels
+    runs.record_kernels(run, engines.layer_paths(target, drafts), "layers")  # and their layers' kernels
     costs = call_costs(profile) if modes.COST in profile.decode.k_policies else None
     runs.run_samples(profile, run, (target, drafts, stop_tokens(profile), costs), enc, keys, shard)
 

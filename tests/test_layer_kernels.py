@@ -1,7 +1,10 @@
-"""The runner's Triton attention (lib/engine/attention.py) on the CPU under Triton's interpreter in float32: equal to
-SDPA over the whole cache with the causal mask to float32 rounding, across several splits; a row's output bitwise
-the same at any row index and in a call of any length (what batch-invariant target calls rest on); the runner says
-which path attends and keeps speculative output equal to greedy output. Skipped where Triton is not installed (CI)."""
+"""The runner's Triton layer kernels (lib/engine/layer_kernels.py) on the CPU under Triton's interpreter in float32:
+attention equal to SDPA over the whole cache with the causal mask to float32 rounding, across splits; a row's output
+bitwise the same at any row index and in a call of any length (what batch-invariant target calls rest on); RMSNorm
+with and without the residual add equal to the model's module; the runner says which path its layers take and keeps
+speculative output equal to greedy output. Skipped where Triton is not installed (CI)."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,13 +12,13 @@ import torch.nn.functional as F
 from interpreted import interpreter_env, interpreter_or_skip  # noqa: F401 (interpreter_env: an autouse fixture)
 
 interpreter_or_skip()
-from lib.engine import attention  # noqa: E402
+from lib.engine import layer_kernels as attention  # noqa: E402
 from lib.engine.runner import Acceleration, Runner  # noqa: E402
 from lib.engine.speculative import Request, generate_baseline, generate_speculative  # noqa: E402
 from lib.models.build import make_draft, make_target  # noqa: E402
 from lib.engine.heads import DenseHead  # noqa: E402
 
-HQ, HKV, HD, L = 6, 2, 32, 300                        # 3 query heads a KV head; 3 splits of attention.SPLIT
+HQ, HKV, HD, L = 6, 2, 32, 600                        # 3 query heads a KV head; 3 splits of attention.SPLIT
 
 
 def case(n: int, start: int, seed: int = 0):
@@ -30,7 +33,7 @@ def sdpa(q, k, v, pos):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2)
 
 
-@pytest.mark.parametrize("n, start", [(1, 0), (1, 127), (5, 124), (8, 250), (3, 297)])
+@pytest.mark.parametrize("n, start", [(1, 0), (1, 255), (5, 252), (8, 400), (3, 597)])
 def test_attention_is_sdpa_over_the_causal_positions(n, start):
     q, k, v, pos = case(n, start)
     got = attention.cached_attention(q, k, v, pos)
@@ -39,7 +42,7 @@ def test_attention_is_sdpa_over_the_causal_positions(n, start):
 
 
 def test_a_row_is_the_same_bits_at_any_index_and_in_a_call_of_any_length():
-    q, k, v, pos = case(8, 200, seed=1)
+    q, k, v, pos = case(8, 252, seed=1)
     whole = attention.cached_attention(q, k, v, pos)
     flipped = attention.cached_attention(q.flip(2), k, v, pos.flip(0))
     assert torch.equal(flipped, whole.flip(1))
@@ -56,11 +59,25 @@ def test_bad_shapes_say_what_is_wrong():
         attention.cached_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, pos)
 
 
-def test_the_runner_attends_through_the_kernel_where_it_can_and_says_so(pair):
+@pytest.mark.parametrize("add", [False, True])
+def test_rms_norm_is_the_models_module(pair, add):
+    module = copy.deepcopy(pair[0].model.layers[0].post_attention_layernorm)          # not the shared model's
+    module.weight.data.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(4))
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(1, 7, module.weight.numel(), generator=g), torch.randn(1, 7, module.weight.numel(), generator=g)
+    if add:
+        s, h = attention.TritonLayer.add_norm(module, x, y)
+        torch.testing.assert_close(s, x + y, rtol=0, atol=0)
+    else:
+        s, h = x, attention.TritonLayer.norm(module, x)
+    torch.testing.assert_close(h, module(s), rtol=1e-6, atol=1e-6)
+
+
+def test_the_runner_takes_the_kernels_where_it_can_and_says_so(pair):
     target, draft = pair
-    plain, fast = Runner(target, 40), Runner(target, 40, Acceleration(attention=True))
-    assert plain.attention_path == "sdpa" and fast.attention_path == "triton"
-    assert Runner(draft, 40, Acceleration(attention=True)).attention_path.startswith("sdpa (head_dim 8")
+    plain, fast = Runner(target, 40), Runner(target, 40, Acceleration(triton_layers=True))
+    assert plain.layer_path == "torch" and fast.layer_path == "triton"
+    assert Runner(draft, 40, Acceleration(triton_layers=True)).layer_path.startswith("torch (head_dim 8")
     ids = torch.randint(3, 500, (20,), generator=torch.Generator().manual_seed(3))
     torch.testing.assert_close(fast.prefill(ids[None, :12]), plain.prefill(ids[None, :12]))
     for p in (12, 15):
@@ -70,7 +87,7 @@ def test_the_runner_attends_through_the_kernel_where_it_can_and_says_so(pair):
 
 @pytest.mark.parametrize("schedule", ["ordinary", "deferred"])
 def test_a_target_attending_through_the_kernel_keeps_speculative_output_greedy(pair, schedule):
-    accel = Acceleration(rows=5, attention=True)                   # batch-invariant calls, as on a GPU
+    accel = Acceleration(rows=5, triton_layers=True)                   # batch-invariant calls, as on a GPU
     target = make_target(pair[0], 120, accel)
     draft = make_draft(pair[1], DenseHead(pair[1].get_output_embeddings().weight), 120)
     prompt = tuple(torch.randint(3, 500, (12,), generator=torch.Generator().manual_seed(2)).tolist())
