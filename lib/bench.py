@@ -149,6 +149,8 @@ KERNEL_KINDS = (("LM head (Triton)", ("_flash_scores", "_flash_probes", "_flash_
                 ("fused decode attention (Triton)", ("_decode_attention",)),
                 ("fused decode norm (Triton)", ("_decode_norm",)),
                 ("W4A16 int4 GEMM (Triton)", ("_w4a16_kernel",)),
+                ("layer attention (Triton)", ("_layer_attention",)),
+                ("layer norm (Triton)", ("_layer_rms_norm",)),
                 ("GEMV fused with norms and elementwise ops (compiled)", ("_mm_",)),
                 ("GEMV/GEMM", ("gemv", "gemm", "nvjet", "xmma", "cutlass", "marlin", "splitk", "cublas", "addmm", "aten::mm")),
                 ("fused elementwise and norms (compiled)", ("triton",)),

@@ -192,6 +192,10 @@ def test_kernel_kinds_name_hopper_gemms_and_compiled_fusions():
     assert kernel_kind("_w4a16_kernel") == "W4A16 int4 GEMM (Triton)"
     assert kernel_kind("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_view_w4a16_matmul_4") == \
         "fused elementwise and norms (compiled)"                                 # inductor's fusion named after the op
+    assert kernel_kind("_layer_attention") == "layer attention (Triton)"
+    assert kernel_kind("_layer_rms_norm") == "layer norm (Triton)"
+    assert kernel_kind("triton_per_fused__to_copy_add_cached_attention_cat_mean_mul_neg_pow_rsqrt_split") == \
+        "fused elementwise and norms (compiled)"                                 # named after the custom op
 
 
 def test_exposed_time_counts_overlapping_kernels_once_and_sums_to_their_union():

@@ -36,7 +36,7 @@ NORM_WARPS = 8
 
 
 @triton.jit
-def _cached_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, out_ptr, scale, sq_h, sq_n,
+def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, out_ptr, scale, sq_h, sq_n,
                       sk_h, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, S: tl.constexpr,
                       BL: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, PREC: tl.constexpr):
     h, r, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -107,7 +107,7 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     part = torch.empty(n, HQ, ns, HD, dtype=torch.float32, device=q.device)
     ml = torch.empty(n, HQ, ns, 2, dtype=torch.float32, device=q.device)
     count = counters(q.device, n * Hkv, "attention")
-    _cached_attention[(Hkv, n, ns)](q, k_cache, v_cache, pos, part, ml, count, out, HD ** -0.5, q.stride(1),
+    _layer_attention[(Hkv, n, ns)](q, k_cache, v_cache, pos, part, ml, count, out, HD ** -0.5, q.stride(1),
                                     q.stride(2), L * HD, HQ, G, max(16, triton.next_power_of_2(G)), HD, split, block,
                                     ns, triton.next_power_of_2(ns), "ieee" if q.dtype == torch.float32 else "tf32",
                                     num_warps=warps)
@@ -126,7 +126,7 @@ def _(q, k_cache, v_cache, pos):
 
 
 @triton.jit
-def _rms_norm(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, eps, D, BD: tl.constexpr, ADD: tl.constexpr):
+def _layer_rms_norm(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, eps, D, BD: tl.constexpr, ADD: tl.constexpr):
     """Row r: out = w * RMSNorm(x (+ y)), the sum stored to sum_ptr where ADD."""
     r = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BD)
@@ -147,7 +147,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, y: torch.Tensor 
     x = x.contiguous()
     s = x if y is None else torch.empty_like(x)
     out = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
-    _rms_norm[(x.numel() // D,)](x, x if y is None else y.contiguous(), weight, s, out, eps, D,
+    _layer_rms_norm[(x.numel() // D,)](x, x if y is None else y.contiguous(), weight, s, out, eps, D,
                                  triton.next_power_of_2(D), y is not None, num_warps=NORM_WARPS)
     return out, s
 
