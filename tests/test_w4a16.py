@@ -93,6 +93,22 @@ def test_batch_invariance(tiles):
     assert torch.equal(w4a16_matmul(x, w, tiles), y)              # and deterministic
 
 
+@pytest.mark.parametrize("tiles", [Tiles(), Tiles(block_n=64, split_k=2)], ids=["default", "split2"])
+def test_residual_added_in_the_epilogue(tiles):
+    """y = x @ W + residual, added in fp32 before the one rounding; rows still batch-invariant."""
+    awq, g = random_awq(12)
+    w = pack_awq(*awq)
+    x, res = torch.randn(9, 256, generator=g).half(), torch.randn(9, 64, generator=g).half()
+    y = w4a16_matmul(x, w, tiles, out_dtype=torch.float32, residual=res)
+    assert torch.equal(y, w4a16_matmul(x, w, tiles, out_dtype=torch.float32) + res.float())
+    y16 = w4a16_matmul(x, w, tiles, residual=res)
+    assert torch.equal(y16, y.half())
+    for i in (0, 5, 8):
+        assert torch.equal(w4a16_matmul(x[i:i + 1], w, tiles, residual=res[i:i + 1])[0], y16[i])
+    with pytest.raises(ValueError, match="residual must be contiguous of shape"):
+        w4a16_matmul(x, w, tiles, residual=res[:, :32])
+
+
 def test_concatenated_projections_and_module():
     (a, ga), (b, _) = random_awq(3), random_awq(4, N=128)
     wa, wb = pack_awq(*a), pack_awq(*b)

@@ -257,28 +257,34 @@ def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple, ker
     else:
         o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
                                            enable_gqa=q.shape[1] != k.shape[1]).transpose(1, 2)
-    y = project(att.o_proj, o.reshape(1, n, -1))
     if kernels:                                                                             # add and norm: one kernel
-        x, h = kernels.add_norm(layer.post_attention_layernorm, x, y)
+        x, h = kernels.add_norm(layer.post_attention_layernorm, x, project(att.o_proj, o.reshape(1, n, -1)))
     else:
-        x = x + y
+        x = project(att.o_proj, o.reshape(1, n, -1), residual=x)
         h = layer.post_attention_layernorm(x)
     mlp = layer.mlp
     if fused:                                                                               # one GEMV for gate, up
         g, u = project(fused["gate_up"], h).chunk(2, dim=-1)
     else:
         g, u = project(mlp.gate_proj, h), project(mlp.up_proj, h)
-    return x + project(mlp.down_proj, mlp.act_fn(g) * u)
+    return project(mlp.down_proj, mlp.act_fn(g) * u, residual=x)
 
 
-def project(module, x: torch.Tensor) -> torch.Tensor:
-    """A projection: a weight tensor (fused plain Linears), a plain Linear or a module that says it is
-    `traceable` (lib.models.w4a16's custom op) is traced with the layer; any other quantised module (gptqmodel's
-    AWQ kernels) is called opaquely, since dynamo cannot trace their Python wrappers (a ContextVar, a lock): one
-    graph break per call, and torch.compile fuses the norms, RoPE and attention between."""
+def project(module, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """A projection (plus `residual` where given): a weight tensor (fused plain Linears), a plain Linear or a module
+    that says it is `traceable` (lib.models.w4a16's custom op, which adds the residual in its epilogue) is traced
+    with the layer; any other quantised module (gptqmodel's AWQ kernels) is called opaquely, since dynamo cannot
+    trace their Python wrappers (a ContextVar, a lock): one graph break per call, and torch.compile fuses the
+    norms, RoPE and attention between."""
+    if residual is not None and getattr(module, "adds_residual", False):
+        return module(x, residual)
     if isinstance(module, torch.Tensor):
-        return F.linear(x, module)
-    return module(x) if type(module) is torch.nn.Linear or getattr(module, "traceable", False) else _opaque(module, x)
+        y = F.linear(x, module)
+    elif type(module) is torch.nn.Linear or getattr(module, "traceable", False):
+        y = module(x)
+    else:
+        y = _opaque(module, x)
+    return y if residual is None else residual + y
 
 
 @torch.compiler.disable

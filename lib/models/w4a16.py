@@ -89,8 +89,10 @@ def _pair(p, zz, DT: tl.constexpr, EMULATE: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M"])                            # one compiled kernel for every M (M == 1 too)
-def _w4a16_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, count_ptr, out_ptr, M, N, K, stride_xm, stride_w, stride_g,
-                  k_per_split, BLOCK_N: tl.constexpr, MAGIC: tl.constexpr, SPLIT: tl.constexpr, EMULATE: tl.constexpr):
+def _w4a16_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, count_ptr, res_ptr, out_ptr, M, N, K, stride_xm, stride_w,
+                  stride_g, k_per_split, BLOCK_N: tl.constexpr, MAGIC: tl.constexpr, SPLIT: tl.constexpr,
+                  RESIDUAL: tl.constexpr, EMULATE: tl.constexpr):
+    """RESIDUAL: out = res + the product, added in fp32 and rounded once."""
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     rows = pid_m * 16 + tl.arange(0, 16)
@@ -132,9 +134,16 @@ def _w4a16_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, count_ptr, out_ptr, M, N
             acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
             for kr in range(splits):                             # fixed order: deterministic, batch-invariant
                 acc += tl.load(part_ptr + kr * M * N + at, mask=keep, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=keep)
+            _store(out_ptr, res_ptr, at, keep, acc, RESIDUAL)
     else:
-        tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=keep)
+        _store(out_ptr, res_ptr, at, keep, acc, RESIDUAL)
+
+
+@triton.jit
+def _store(out_ptr, res_ptr, at, keep, acc, RESIDUAL: tl.constexpr):
+    if RESIDUAL:
+        acc += tl.load(res_ptr + at, mask=keep, other=0.0).to(tl.float32)
+    tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=keep)
 
 
 # Triton picks the interpreter when the kernels are decorated, so ask the kernel rather than the environment
@@ -187,8 +196,9 @@ def split_plan(K: int, N: int, tiles: Tiles) -> tuple[int, int]:
     return triton.cdiv(blocks, per), per * 128                  # no empty ranges
 
 
-def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dtype: torch.dtype | None = None):
-    """y (M, N) = x (M, K) @ W, fp32 accumulation, as out_dtype (default x's dtype)."""
+def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dtype: torch.dtype | None = None,
+                 residual: torch.Tensor | None = None):
+    """y (M, N) = x (M, K) @ W (+ residual (M, N)), fp32 accumulation, as out_dtype (default x's dtype)."""
     M, K = x.shape
     N = w.scales.shape[1]
     if K != w.words.shape[0] * 64 or x.dtype != w.scales.dtype:
@@ -196,6 +206,8 @@ def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dty
                          f"got {tuple(x.shape)} {x.dtype}")
     if tiles.block_n not in (64, 128, 256):
         raise ValueError(f"block_n must be 64, 128 or 256, got {tiles.block_n}")
+    if residual is not None and (residual.shape != (M, N) or residual.stride() != (N, 1)):
+        raise ValueError(f"the residual must be contiguous of shape {(M, N)}, got {tuple(residual.shape)}")
     if w.words.stride()[1:] != (8, 1) or w.scales.stride(1) != 1 or w.zeros.stride() != w.scales.stride():
         raise ValueError("w4a16: the words' (N, 8) rows and the zeros' and scales' rows must be contiguous")
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -204,8 +216,9 @@ def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dty
     y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty(split, M, N, dtype=torch.float32, device=x.device) if split > 1 else y
     count = tile_counters(x.device, grid[0] * grid[2])
-    _w4a16_kernel[grid](x, w.words, w.zeros, w.scales, part, count, y, M, N, K, x.stride(0), w.words.stride(0),
-                        w.scales.stride(0), per, tiles.block_n, _MAGIC[x.dtype], split > 1, _EMULATE,
+    _w4a16_kernel[grid](x, w.words, w.zeros, w.scales, part, count, y if residual is None else residual, y, M, N, K,
+                        x.stride(0), w.words.stride(0), w.scales.stride(0), per, tiles.block_n, _MAGIC[x.dtype],
+                        split > 1, residual is not None, _EMULATE,
                         num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return y
 
@@ -219,19 +232,22 @@ DEFAULT_TILES = Tiles()            # what Int4Linear runs (benchmarks set anothe
 
 
 @torch.library.custom_op("study::w4a16_matmul", mutates_args=())
-def _w4a16_op(x: torch.Tensor, words: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    return w4a16_matmul(x, PackedInt4(words, zeros, scales), DEFAULT_TILES)
+def _w4a16_op(x: torch.Tensor, words: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
+              residual: torch.Tensor | None = None) -> torch.Tensor:
+    return w4a16_matmul(x, PackedInt4(words, zeros, scales), DEFAULT_TILES, residual=residual)
 
 
 @_w4a16_op.register_fake
-def _(x, words, zeros, scales):
+def _(x, words, zeros, scales, residual=None):
     return x.new_empty(x.shape[0], scales.shape[1])
 
 
 class Int4Linear(torch.nn.Module):
     """A bias-free Linear of AWQ int4 weights through w4a16_matmul. A custom op, so torch.compile traces the layer
-    around it without a graph break (`traceable`); `concat` fuses projections of one input."""
+    around it without a graph break (`traceable`); `concat` fuses projections of one input; the kernel adds a
+    residual in its epilogue (`adds_residual`: the down projection's, lib/engine/runner.py's layer_forward)."""
     traceable = True
+    adds_residual = True
 
     def __init__(self, w: PackedInt4):
         super().__init__()
@@ -262,11 +278,12 @@ class Int4Linear(torch.nn.Module):
     def packed(self) -> PackedInt4:
         return PackedInt4(self.words, self.zeros, self.scales)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         # inference only: the op has no gradient, so x is detached (a compiled layer whose inputs require grad
         # would otherwise trace a backward through it)
         x2 = x.detach().reshape(-1, self.in_features)
-        y = torch.ops.study.w4a16_matmul(x2, self.words, self.zeros, self.scales)
+        r2 = None if residual is None else residual.detach().reshape(-1, self.out_features).contiguous()
+        y = torch.ops.study.w4a16_matmul(x2, self.words, self.zeros, self.scales, r2)
         return y.view(*x.shape[:-1], self.out_features)
 
 
