@@ -4,10 +4,10 @@ GPU, in place of what torch.compile makes of the layer there: attention of n que
 looped reduction, a few programs that each walk a row in several dependent steps). Each is a custom op, so the
 compiled layer calls it without a graph break.
 
-Attention: program (h, r, s) takes the G query heads that share KV head h, for query row r, over the cache positions of
-split s (S positions from s*S) up to the row's own position (causal): scores of the (G, hd) query tile against
-BL positions at a time on the tensor cores, an online softmax in fp32, then (max, sum, weighted V) stored per
-query head. The last of a (h, r)'s NS programs to finish (a counter) combines the splits in split order.
+Attention: program (h, r, s) takes the G query heads that share KV head h, for query row r, over the cache
+positions of split s (S positions from s*S) up to the row's own position (causal): scores of the (G, hd) query
+tile against BL positions at a time on the tensor cores, an online softmax in fp32, then (max, sum, weighted V)
+stored per query head. The last of a (h, r)'s NS programs to finish (a counter) combines the splits in split order.
 Splits and blocks are fixed positions, every reduction runs in a fixed order, and nothing a program computes
 depends on the other rows: a row's output is bitwise the same at any row index and in a call of any length,
 and blocks past a row's position are not read, so the cost follows the positions in use, not the cache's length.
@@ -37,8 +37,8 @@ NORM_WARPS = 8
 
 @triton.jit
 def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, out_ptr, scale, sq_h, sq_n,
-                      sk_h, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, S: tl.constexpr,
-                      BL: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, PREC: tl.constexpr):
+                     sk_h, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, S: tl.constexpr,
+                     BL: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, PREC: tl.constexpr):
     h, r, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     g, d = tl.arange(0, GP), tl.arange(0, HD)
     heads, real = h * G + g, g < G                               # GP >= 16 rows for the dot: G real ones
@@ -108,9 +108,9 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     ml = torch.empty(n, HQ, ns, 2, dtype=torch.float32, device=q.device)
     count = counters(q.device, n * Hkv, "attention")
     _layer_attention[(Hkv, n, ns)](q, k_cache, v_cache, pos, part, ml, count, out, HD ** -0.5, q.stride(1),
-                                    q.stride(2), L * HD, HQ, G, max(16, triton.next_power_of_2(G)), HD, split, block,
-                                    ns, triton.next_power_of_2(ns), "ieee" if q.dtype == torch.float32 else "tf32",
-                                    num_warps=warps)
+                                   q.stride(2), L * HD, HQ, G, max(16, triton.next_power_of_2(G)), HD, split, block,
+                                   ns, triton.next_power_of_2(ns), "ieee" if q.dtype == torch.float32 else "tf32",
+                                   num_warps=warps)
     return out
 
 
@@ -148,7 +148,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, y: torch.Tensor 
     s = x if y is None else torch.empty_like(x)
     out = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
     _layer_rms_norm[(x.numel() // D,)](x, x if y is None else y.contiguous(), weight, s, out, eps, D,
-                                 triton.next_power_of_2(D), y is not None, num_warps=NORM_WARPS)
+                                       triton.next_power_of_2(D), y is not None, num_warps=NORM_WARPS)
     return out, s
 
 

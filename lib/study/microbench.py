@@ -44,6 +44,7 @@ def head_and_step_bench(profile: Profile, prepared: tuple | None = None) -> dict
     sweep = [probe_point(fh.with_probes(p, k), h, b, dev) for k in kernels for p in profile.clustering.probe_sweep]
     result = {"device": bench.device_name(dev), "n_probes": fh.n_probes, "head": heads, "model_step": step,
               "probe_sweep": sweep, "decode_path": {k: d.runner.decode_path for k, d in drafts.items()},
+              "layer_path": {k: d.runner.layer_path for k, d in drafts.items()},
               "decode_check": {k: getattr(d.runner.decode, "checked", None) for k, d in drafts.items()}}
     if dev.type == "cuda":                                                   # hardware floors, head paths, blocks
         result["floors"] = floors(dense, fh, bench.copy_bandwidth(dev))
@@ -168,7 +169,7 @@ def target_step_bench(profile: Profile, target_model=None) -> dict:
     projection = type(runner.layers[0].mlp.down_proj).__name__
     result = {"device": bench.device_name(dev), "dtype": profile.dtype, key: verify["1"]["mean_ms"],
               "projection": projection, "compiled": profile.bench.compile_target,
-              "batch_invariant_rows": runner.rows, "w4a16_tiles": w4a16_tiles(projection),
+              "batch_invariant_rows": runner.rows, "w4a16_tiles": w4a16_tiles(projection), "layers": runner.layer_path,
               "single": verify["1"], "verify_ms": {n: v["mean_ms"] for n, v in verify.items()}, "verify": verify}
     save_json(profile, "target_step.json", result)
     if dev.type == "cuda":                                                   # where a single-token step goes
