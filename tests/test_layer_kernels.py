@@ -13,6 +13,7 @@ from interpreted import interpreter_env, interpreter_or_skip  # noqa: F401 (inte
 
 interpreter_or_skip()
 from lib.engine import layer_kernels as attention  # noqa: E402
+from lib.engine import runner as runner_module  # noqa: E402
 from lib.engine.runner import Acceleration, Runner  # noqa: E402
 from lib.engine.speculative import Request, generate_baseline, generate_speculative  # noqa: E402
 from lib.models.build import make_draft, make_target  # noqa: E402
@@ -83,6 +84,18 @@ def test_the_runner_takes_the_kernels_where_it_can_and_says_so(pair):
     for p in (12, 15):
         torch.testing.assert_close(fast.forward(ids[None, p:p + 3], p), plain.forward(ids[None, p:p + 3], p),
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_long_prefills_take_the_torch_layers(pair, monkeypatch):
+    monkeypatch.setattr(runner_module, "TRITON_LAYER_ROWS", 8)
+    calls = []
+    attend = attention.TritonLayer.attend
+    monkeypatch.setattr(attention.TritonLayer, "attend", staticmethod(lambda *a: calls.append(1) or attend(*a)))
+    plain, fast = Runner(pair[0], 40), Runner(pair[0], 40, Acceleration(triton_layers=True))
+    ids = torch.randint(3, 500, (1, 12), generator=torch.Generator().manual_seed(6))
+    assert torch.equal(fast.prefill(ids), plain.prefill(ids)) and not calls     # 12 > 8 rows: SDPA, the modules
+    fast.forward(ids[:, :3], 12)
+    assert len(calls) == len(fast.layers)                                       # 3 rows: the kernels
 
 
 @pytest.mark.parametrize("schedule", ["ordinary", "deferred"])

@@ -16,6 +16,7 @@ from ..bench import NO_CLOCK
 # layer (a guard per layer module) and every call length, dynamo's recompile limits are raised while it runs.
 COMPILE_OPTIONS = {"coordinate_descent_tuning": True}
 RECOMPILE_LIMITS = {"cache_size_limit": 64, "accumulated_cache_size_limit": 512}
+TRITON_LAYER_ROWS = 64   # longer calls (prefills): SDPA and norm modules (attention partials: rows x splits)
 
 
 class KVCache:
@@ -39,8 +40,9 @@ class Acceleration:
     shape and reduces each row in one order whatever the number of real rows: a verify call's logits are bitwise
     those of single-token calls at its positions. fused: single-token calls run lib/engine/decode.py's kernels where
     they can and pass the check against this module's reference path (Runner.decode_path says which path runs).
-    triton_layers: the layers attend and normalise through lib/engine/layer_kernels.py where it can run, else
-    through SDPA over the whole cache and the model's norm modules (Runner.layer_path says which)."""
+    triton_layers: calls of up to TRITON_LAYER_ROWS tokens attend and normalise through lib/engine/layer_kernels.py
+    where it can run, else through SDPA over the whole cache and the model's norm modules (Runner.layer_path says
+    which)."""
     graphs: bool = False
     compile: bool = False
     rows: int = 0
@@ -92,14 +94,15 @@ class Runner:
         if n == 1 and self.decode is not None:
             return self.decode(ids, start)                                                  # the fused step
         pos = start + self.arange[:n]                                                       # (n,)
-        mask = None if self.kernels else self.arange[None, :] <= pos[:, None]                # (n,max_len) causal
+        kernels = self.kernels if n <= TRITON_LAYER_ROWS else None
+        mask = None if kernels else self.arange[None, :] <= pos[:, None]                     # (n,max_len) causal
         x = self.body.embed_tokens(ids)
         at = (pos, mask, self.cos[pos], self.sin[pos])                                      # cos, sin: (n,hd)
         compiled = compiled and self._layer is not None                                     # eager for any-length prefill
         fn = self._layer if compiled else layer_forward
         with torch._dynamo.config.patch(**RECOMPILE_LIMITS) if compiled else nullcontext():
             for i, layer in enumerate(self.layers):
-                x = fn(layer, self.fused[i], x, at, self.cache.layer(i), self.kernels)
+                x = fn(layer, self.fused[i], x, at, self.cache.layer(i), kernels)
         return self.body.norm(x)
 
     def _argmax(self, h: torch.Tensor) -> torch.Tensor:
