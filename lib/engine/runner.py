@@ -255,14 +255,12 @@ def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple, ker
     q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
     k_cache.index_copy_(2, pos, k)
     v_cache.index_copy_(2, pos, v)
-    if kernels:                                                                             # (1,n,heads,hd)
+    if kernels:                                                                             # o: (1,n,heads,hd)
         o = kernels.attend(q, k_cache, v_cache, pos)
+        x, h = kernels.add_norm(layer.post_attention_layernorm, x, project(att.o_proj, o.reshape(1, n, -1)))
     else:
         o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
                                            enable_gqa=q.shape[1] != k.shape[1]).transpose(1, 2)
-    if kernels:                                                                             # add and norm: one kernel
-        x, h = kernels.add_norm(layer.post_attention_layernorm, x, project(att.o_proj, o.reshape(1, n, -1)))
-    else:
         x = project(att.o_proj, o.reshape(1, n, -1), residual=x)
         h = layer.post_attention_layernorm(x)
     mlp = layer.mlp
