@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from .kernels import counters
+from .runner import on
 
 SPLIT = 256                     # cache positions an attention program takes
 BLOCK = 128                     # positions a step of its loop scores
@@ -107,10 +108,11 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     part = torch.empty(n, HQ, ns, HD, dtype=torch.float32, device=q.device)
     ml = torch.empty(n, HQ, ns, 2, dtype=torch.float32, device=q.device)
     count = counters(q.device, n * Hkv, "attention")
-    _layer_attention[(Hkv, n, ns)](q, k_cache, v_cache, pos, part, ml, count, out, HD ** -0.5, q.stride(1),
-                                   q.stride(2), L * HD, HQ, G, max(16, triton.next_power_of_2(G)), HD, split, block,
-                                   ns, triton.next_power_of_2(ns), "ieee" if q.dtype == torch.float32 else "tf32",
-                                   num_warps=warps)
+    with on(q.device):                                           # Triton launches on the current device
+        _layer_attention[(Hkv, n, ns)](q, k_cache, v_cache, pos, part, ml, count, out, HD ** -0.5, q.stride(1),
+                                       q.stride(2), L * HD, HQ, G, max(16, triton.next_power_of_2(G)), HD, split,
+                                       block, ns, triton.next_power_of_2(ns),
+                                       "ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps)
     return out
 
 
@@ -147,8 +149,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, y: torch.Tensor 
     x = x.contiguous()
     s = x if y is None else torch.empty_like(x)
     out = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
-    _layer_rms_norm[(x.numel() // D,)](x, x if y is None else y.contiguous(), weight, s, out, eps, D,
-                                       triton.next_power_of_2(D), y is not None, num_warps=NORM_WARPS)
+    with on(x.device):
+        _layer_rms_norm[(x.numel() // D,)](x, x if y is None else y.contiguous(), weight, s, out, eps, D,
+                                           triton.next_power_of_2(D), y is not None, num_warps=NORM_WARPS)
     return out, s
 
 

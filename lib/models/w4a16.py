@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from ..engine.kernels import counters
+from ..engine.runner import on
 from .quantize import GROUP, as_int32, unpack
 
 ROWS = 16                          # activation rows of one program (the wgmma's N)
@@ -216,10 +217,11 @@ def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dty
     y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty(split, M, N, dtype=torch.float32, device=x.device) if split > 1 else y
     count = tile_counters(x.device, grid[0] * grid[2])
-    _w4a16_kernel[grid](x, w.words, w.zeros, w.scales, part, count, y if residual is None else residual, y, M, N, K,
-                        x.stride(0), w.words.stride(0), w.scales.stride(0), per, tiles.block_n, _MAGIC[x.dtype],
-                        split > 1, residual is not None, _EMULATE,
-                        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    with on(x.device):                                           # Triton launches on the current device
+        _w4a16_kernel[grid](x, w.words, w.zeros, w.scales, part, count, y if residual is None else residual, y, M, N,
+                            K, x.stride(0), w.words.stride(0), w.scales.stride(0), per, tiles.block_n,
+                            _MAGIC[x.dtype], split > 1, residual is not None, _EMULATE,
+                            num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return y
 
 
