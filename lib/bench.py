@@ -19,6 +19,11 @@ def stats(ms: list[float]) -> dict:
             "tok_s": 1000.0 / mean, "n": int(a.size)}
 
 
+def on(device: torch.device):
+    """Make `device` the current CUDA device (a second GPU's graphs and streams live there); no-op on a CPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
+
+
 def sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)

@@ -22,12 +22,12 @@ path is checked against the reference when a runner is built (check below) and t
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
 
 import torch
 import triton
 import triton.language as tl
 
+from ..bench import on
 from .kernels import _launch_next, _wait, launches
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"          # Triton's CPU interpreter (tests)
@@ -246,7 +246,7 @@ class FusedDecode:
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-        with torch.cuda.device(self.x.device) if self.x.is_cuda else nullcontext():   # Triton launches on the
+        with on(self.x.device):                                                       # Triton launches on the
             return self._step(ids, start)                                             # current device
 
     def _step(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..bench import NO_CLOCK
-from .runner import capture, on
+from ..bench import NO_CLOCK, on
+from .runner import capture
 
 
 def cluster_to_token(assign: torch.Tensor, c: int) -> torch.Tensor:

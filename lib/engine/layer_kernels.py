@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..bench import on
 from .kernels import counters
-from .runner import on
 
 SPLIT = 256                     # cache positions an attention program takes
 BLOCK = 128                     # positions a step of its loop scores

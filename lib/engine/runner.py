@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..bench import NO_CLOCK
+from ..bench import NO_CLOCK, on
 
 # torch.compile of the layer function, scoped to these calls (no global setting is changed):
 # inductor's coordinate-descent tuning took the draft step measured by notebook 02 on one H100 from 1.51 to
@@ -318,11 +318,6 @@ def _concat_weights(group, sizes: list[int]) -> torch.Tensor:
     for m, w in zip(group, fused.split(sizes)):
         m.weight.data = w
     return fused
-
-
-def on(device: torch.device):
-    """Make `device` the current CUDA device (a second GPU's graphs and streams live there); no-op on a CPU."""
-    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
 def capture(fn):

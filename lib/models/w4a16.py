@@ -44,8 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..bench import on
 from ..engine.kernels import counters
-from ..engine.runner import on
 from .quantize import GROUP, as_int32, unpack
 
 ROWS = 16                          # activation rows of one program (the wgmma's N)
