@@ -247,7 +247,8 @@ def _(x, words, zeros, scales, residual=None):
 class Int4Linear(torch.nn.Module):
     """A bias-free Linear of AWQ int4 weights through w4a16_matmul. A custom op, so torch.compile traces the layer
     around it without a graph break (`traceable`); `concat` fuses projections of one input; the kernel adds a
-    residual in its epilogue (`adds_residual`: the down projection's, lib/engine/runner.py's layer_forward)."""
+    residual in its epilogue (`adds_residual`: lib/engine/runner.py's project), so that the layer's residual add
+    after the projection is not a kernel of its own."""
     traceable = True
     adds_residual = True
 

@@ -17,10 +17,9 @@ from .tables import kernel_of, run_kernels
 
 
 def run_source(profile: Profile, run: Path) -> dict:
-    """Which run a summary or table comes from: its directory (relative to the profile's outputs), the commit it
-    ran at, which path ran each engine's single-token body and its multi-token calls' layer kernels (runs made before
-    that was recorded: none), from
-    its config.json."""
+    """Which run a summary or table comes from, from its config.json: its directory (relative to the profile's
+    outputs), the commit it ran at, which path ran each engine's single-token body and its multi-token calls' layer
+    kernels (runs made before that was recorded: none)."""
     cfg = json.loads((Path(run) / "config.json").read_text())
     wrote = [cfg.get("commit", "unknown"), *(r.get("commit", "unknown") for r in cfg.get("resumed", []))]
     return {"run": str(Path(run).relative_to(profile.out_dir)), "run_commit": cfg.get("commit", "unknown"),
