@@ -22,7 +22,8 @@ Kernel (decode on an H100 is memory-bound; the int4 -> float work must stay unde
     fp32 accumulation; the tensor cores' products of x and the integers q - z are exact;
   * split-K: program (n, s, m) covers columns n*BLOCK_N .., the s-th range of K-blocks, rows 16m ..; with
     several ranges each writes fp32 partials (split, M, N), and the last to finish (a counter per tile) adds
-    them in the order s = 0, 1, ...: deterministic, one launch. The split comes from (N, K) only, never from M.
+    them in the order s = 0, 1, ...: deterministic, one launch. The split comes from (N, K) only, never from M;
+  * a residual (the layer's stream) can be added to the fp32 sum before its one rounding, in the epilogue.
 Measured: compiled for sm_90a (offline, Triton 3.9, ptxas 12.9) the inner loop issues about 2.6 instructions per
 weight (the AWQ-layout kernel before it: 7.2, with shared-memory round trips for the layout); on one H200 (Triton
 3.6) the Qwen3-32B projections ran at 52-80 % of the copy bandwidth at one row, at most 7 % slower at 8; on one
