@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..bench import on
-from .kernels import _launch_next, _wait, launches
+from .kernels import _combine_splits, _launch_next, _wait, launches
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"          # Triton's CPU interpreter (tests)
 
@@ -155,12 +155,7 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
         live = (sp < NS) & (sp * S <= pos)                        # the splits that hold positions
         for j in tl.static_range(GP):
             qh = a * GP + j
-            ms = tl.load(ml_ptr + (qh * NS + sp) * 2, mask=live, other=-float("inf"), cache_modifier=".cg")
-            ls = tl.load(ml_ptr + (qh * NS + sp) * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
-            acc = tl.load(part_ptr + (qh * NS + sp)[:, None] * HD + d[None, :], mask=live[:, None], other=0.0,
-                          cache_modifier=".cg")
-            w = tl.exp(ms - tl.max(ms, 0))
-            o = tl.sum(w[:, None] * acc, 0) / tl.sum(w * ls, 0)
+            o = _combine_splits(ml_ptr, part_ptr, qh * NS + sp, live, d)
             tl.store(out_ptr + qh * HD + d, o.to(out_ptr.dtype.element_ty))
 
 

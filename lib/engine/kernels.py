@@ -55,6 +55,18 @@ def _wait(PDL: tl.constexpr):
 
 
 @triton.jit
+def _combine_splits(ml_ptr, part_ptr, rows, live, d):
+    """One query head's attention output (HD,) from its splits' partials at rows (NSP,) of ml (max, sum) and part
+    (weighted V, HD a row), the live splits in split order (read past L1: other programs wrote them)."""
+    ms = tl.load(ml_ptr + rows * 2, mask=live, other=-float("inf"), cache_modifier=".cg")
+    ls = tl.load(ml_ptr + rows * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
+    vs = tl.load(part_ptr + rows[:, None] * d.shape[0] + d[None, :], mask=live[:, None], other=0.0,
+                 cache_modifier=".cg")
+    w = tl.exp(ms - tl.max(ms, 0))
+    return tl.sum(w[:, None] * vs, 0) / tl.sum(w * ls, 0)
+
+
+@triton.jit
 def _dot_rows(h_ptr, w_ptr, rows, ok, N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
               PDL: tl.constexpr = False):
     """fp32 dot products (N,) of h with rows `rows` of the (., D) matrix at w_ptr (masked by ok). The first

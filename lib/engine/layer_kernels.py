@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..bench import on
-from .kernels import counters
+from .kernels import _combine_splits, counters
 
 SPLIT = 256                     # cache positions an attention program takes
 BLOCK = 128                     # positions a step of its loop scores
@@ -73,12 +73,7 @@ def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, 
         sp = tl.arange(0, NSP)
         live = (sp < NS) & (sp * S <= pos)                       # the splits that hold positions
         for j in tl.static_range(G):
-            row = (r * HQ + h * G + j) * NS + sp
-            ms = tl.load(ml_ptr + row * 2, mask=live, other=-float("inf"), cache_modifier=".cg")
-            ls = tl.load(ml_ptr + row * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
-            vs = tl.load(part_ptr + row[:, None] * HD + d[None, :], mask=live[:, None], other=0.0, cache_modifier=".cg")
-            w = tl.exp(ms - tl.max(ms, 0))
-            o = tl.sum(w[:, None] * vs, 0) / tl.sum(w * ls, 0)
+            o = _combine_splits(ml_ptr, part_ptr, (r * HQ + h * G + j) * NS + sp, live, d)
             tl.store(out_ptr + (r * HQ + h * G + j) * HD + d, o.to(out_ptr.dtype.element_ty))
 
 

@@ -138,10 +138,14 @@ def head_kernel(engine) -> str:
     return ran if ran is not None else getattr(engine.head, "kernel_ran", "unrecorded")
 
 
+def _runner_says(engine, attr: str) -> str:
+    return getattr(getattr(engine, "runner", None), attr, "unrecorded")
+
+
 def body_path(engine) -> str:
     """Which path runs an engine's single-token body (Runner.decode_path: "fused", or "reference" with the reason
     the fused step does not run)."""
-    return getattr(getattr(engine, "runner", None), "decode_path", "unrecorded")
+    return _runner_says(engine, "decode_path")
 
 
 def kernels(target: Target, drafts: dict[str, Draft], of=head_kernel) -> dict[str, str]:
@@ -157,7 +161,7 @@ def bodies(target: Target, drafts: dict[str, Draft]) -> dict[str, str]:
 def layer_path(engine) -> str:
     """How an engine's multi-token calls attend and normalise (Runner.layer_path: "triton", or "torch" with the
     reason)."""
-    return getattr(getattr(engine, "runner", None), "layer_path", "unrecorded")
+    return _runner_says(engine, "layer_path")
 
 
 def layer_paths(target: Target, drafts: dict[str, Draft]) -> dict[str, str]:
