@@ -12,14 +12,14 @@ import torch.nn.functional as F
 from interpreted import interpreter_env, interpreter_or_skip  # noqa: F401 (interpreter_env: an autouse fixture)
 
 interpreter_or_skip()
-from lib.engine import layer_kernels as attention  # noqa: E402
+from lib.engine import layer_kernels  # noqa: E402
 from lib.engine import runner as runner_module  # noqa: E402
 from lib.engine.runner import Acceleration, Runner  # noqa: E402
 from lib.engine.speculative import Request, generate_baseline, generate_speculative  # noqa: E402
 from lib.models.build import make_draft, make_target  # noqa: E402
 from lib.engine.heads import DenseHead  # noqa: E402
 
-HQ, HKV, HD, L = 6, 2, 32, 600                        # 3 query heads a KV head; 3 splits of attention.SPLIT
+HQ, HKV, HD, L = 6, 2, 32, 600                        # 3 query heads a KV head; 3 splits of layer_kernels.SPLIT
 
 
 def case(n: int, start: int, seed: int = 0):
@@ -37,27 +37,27 @@ def sdpa(q, k, v, pos):
 @pytest.mark.parametrize("n, start", [(1, 0), (1, 255), (5, 252), (8, 400), (3, 597)])
 def test_attention_is_sdpa_over_the_causal_positions(n, start):
     q, k, v, pos = case(n, start)
-    got = attention.cached_attention(q, k, v, pos)
+    got = layer_kernels.cached_attention(q, k, v, pos)
     assert got.shape == (1, n, HQ, HD)
     torch.testing.assert_close(got, sdpa(q, k, v, pos), rtol=1e-5, atol=1e-5)
 
 
 def test_a_row_is_the_same_bits_at_any_index_and_in_a_call_of_any_length():
     q, k, v, pos = case(8, 252, seed=1)
-    whole = attention.cached_attention(q, k, v, pos)
-    flipped = attention.cached_attention(q.flip(2), k, v, pos.flip(0))
+    whole = layer_kernels.cached_attention(q, k, v, pos)
+    flipped = layer_kernels.cached_attention(q.flip(2), k, v, pos.flip(0))
     assert torch.equal(flipped, whole.flip(1))
     for r in (0, 3, 7):
-        alone = attention.cached_attention(q[:, :, r:r + 1], k, v, pos[r:r + 1])
+        alone = layer_kernels.cached_attention(q[:, :, r:r + 1], k, v, pos[r:r + 1])
         assert torch.equal(alone[:, 0], whole[:, r])
 
 
 def test_bad_shapes_say_what_is_wrong():
     q, k, v, pos = case(2, 10)
     with pytest.raises(ValueError, match="5 query heads over 2 KV heads"):
-        attention.cached_attention(q[:, :5], k, v, pos)
+        layer_kernels.cached_attention(q[:, :5], k, v, pos)
     with pytest.raises(ValueError, match="contiguous per KV head"):
-        attention.cached_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, pos)
+        layer_kernels.cached_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, pos)
 
 
 @pytest.mark.parametrize("add", [False, True])
@@ -67,10 +67,10 @@ def test_rms_norm_is_the_models_module(pair, add):
     g = torch.Generator().manual_seed(5)
     x, y = torch.randn(1, 7, module.weight.numel(), generator=g), torch.randn(1, 7, module.weight.numel(), generator=g)
     if add:
-        s, h = attention.TritonLayer.add_norm(module, x, y)
+        s, h = layer_kernels.TritonLayer.add_norm(module, x, y)
         torch.testing.assert_close(s, x + y, rtol=0, atol=0)
     else:
-        s, h = x, attention.TritonLayer.norm(module, x)
+        s, h = x, layer_kernels.TritonLayer.norm(module, x)
     torch.testing.assert_close(h, module(s), rtol=1e-6, atol=1e-6)
 
 
@@ -89,8 +89,8 @@ def test_the_runner_takes_the_kernels_where_it_can_and_says_so(pair):
 def test_long_prefills_take_the_torch_layers(pair, monkeypatch):
     monkeypatch.setattr(runner_module, "TRITON_LAYER_ROWS", 8)
     calls = []
-    attend = attention.TritonLayer.attend
-    monkeypatch.setattr(attention.TritonLayer, "attend", staticmethod(lambda *a: calls.append(1) or attend(*a)))
+    attend = layer_kernels.TritonLayer.attend
+    monkeypatch.setattr(layer_kernels.TritonLayer, "attend", staticmethod(lambda *a: calls.append(1) or attend(*a)))
     plain, fast = Runner(pair[0], 40), Runner(pair[0], 40, Acceleration(triton_layers=True))
     ids = torch.randint(3, 500, (1, 12), generator=torch.Generator().manual_seed(6))
     assert torch.equal(fast.prefill(ids), plain.prefill(ids)) and not calls     # 12 > 8 rows: SDPA, the modules
