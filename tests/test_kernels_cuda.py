@@ -89,3 +89,18 @@ def test_attention_rows_are_the_same_bits_at_any_index_and_length_on_the_gpu(dty
     mask = torch.arange(600, device=DEV)[None, :] <= pos[:, None]
     want = TF.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2)
     torch.testing.assert_close(whole.float(), want.float(), rtol=0, atol=2e-2 if dtype == torch.bfloat16 else 2e-3)
+
+
+def test_a_compiled_target_captures_its_graphs_with_grad_mode_on(pair):
+    """The Triton layer ops have no backward: warm() (outside the runner's no_grad calls) must capture without
+    autograd tracing them, and the graphed verify call must equal the eager one."""
+    import copy
+    from lib.engine.runner import Acceleration, Runner
+    target = copy.deepcopy(pair[0]).to(DEV, torch.float16)
+    fast = Runner(target, 64, Acceleration(graphs=True, compile=True, rows=4, triton_layers=True))
+    assert fast.layer_path == "triton" and torch.is_grad_enabled()
+    fast.warm("hidden", [4])
+    ids = torch.randint(3, 500, (1, 12), generator=torch.Generator().manual_seed(1)).to(DEV)
+    fast.prefill(ids[:, :8])
+    graphed = fast.forward(ids[:, 8:12], 8)
+    torch.testing.assert_close(graphed, fast.forward(ids[:, 8:12], 8, graph=False), rtol=2e-3, atol=2e-3)

@@ -201,6 +201,7 @@ class Runner:
         return (torch.zeros(1, n, dtype=torch.long, device=self.device),
                 torch.zeros((), dtype=torch.long, device=self.device))
 
+    @torch.no_grad()                                                                        # warm() captures too
     def _keep(self, key, fn, ids: torch.Tensor, start: torch.Tensor, n: int) -> dict:
         """Capture fn (graph inputs ids, start) as self._graphs[key]. Capturing runs it at position 0, writing up to
         n positions: they are put back, so a graph first captured in the middle of a generation leaves that
