@@ -103,4 +103,4 @@ def test_a_compiled_target_captures_its_graphs_with_grad_mode_on(pair):
     ids = torch.randint(3, 500, (1, 12), generator=torch.Generator().manual_seed(1)).to(DEV)
     fast.prefill(ids[:, :8])
     graphed = fast.forward(ids[:, 8:12], 8)
-    torch.testing.assert_close(graphed, fast.forward(ids[:, 8:12], 8, graph=False), rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(graphed, fast.forward(ids[:, 8:12], 8, graph=False), rtol=1e-2, atol=1e-2)
