@@ -80,16 +80,21 @@ def measured_skip(r) -> float:
 def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd.DataFrame:
     """Measured decode tok/s beside the cost model fed with the measured mean emitted per round and the
     measured share of rounds whose verify call was skipped (skipped / rounds), plus the per-token share
-    of the initial step (draft prefill and first append)."""
+    of the initial step (draft prefill and first append). The rounds columns leave the initial step out of both:
+    the measured tokens over the rounds' time, and the model's 1 / TPOT (a sample's start is eager, host-bound and
+    varies from run to run more than a cheaper head changes the rounds)."""
     rows = []
     for mode, r in _checked(agg):
         em = 1.0 if r.schedule == modes.BASELINE else r.mean_emitted
         tokens = r.decode_tok_s * r.decode_total_ms / 1000
         initial = r.initial_ms / tokens                                  # I: draft prefill + first append, per token
         skip = measured_skip(r)
-        pred = 1000 / (tpot_ms(call_costs(micro, target_step, r.draft), k, em, r.schedule, skip) + initial)
+        tpot = tpot_ms(call_costs(micro, target_step, r.draft), k, em, r.schedule, skip)
+        pred = 1000 / (tpot + initial)
         rows.append({"mode": mode, "schedule": r.schedule, "skip share": skip, "measured tok/s": r.decode_tok_s,
-                     "model tok/s": pred, "model / measured": pred / r.decode_tok_s})
+                     "model tok/s": pred, "model / measured": pred / r.decode_tok_s,
+                     "rounds tok/s": 1000 * tokens / (r.decode_total_ms - r.initial_ms),
+                     "model rounds tok/s": 1000 / tpot})
     return pd.DataFrame(rows).set_index("mode")
 
 
@@ -126,7 +131,8 @@ def summary_section(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -
     check = model_check(agg, micro, target_step, k)
     return {m: {"schedule": r["schedule"], "skip_share": float(r["skip share"]),
                 "predicted_tok_s": float(r["model tok/s"]), "measured_tok_s": float(r["measured tok/s"]),
-                "ratio": float(r["model / measured"])} for m, r in check.iterrows()}
+                "ratio": float(r["model / measured"]), "rounds_predicted_tok_s": float(r["model rounds tok/s"]),
+                "rounds_measured_tok_s": float(r["rounds tok/s"])} for m, r in check.iterrows()}
 
 
 def thesis_emitted(k: int) -> dict[str, dict[str, float]]:
@@ -170,13 +176,17 @@ def projection_grid(micro: dict, target_step: dict, alphas=(0.2, 0.3, 0.4, 0.5, 
 
 def head_ratios(check: pd.DataFrame) -> pd.DataFrame:
     """FlashHead's draft over the dense one, per schedule: the measured and the modelled decode tok/s ratio
-    (model_check's rows) and their difference in points."""
+    (model_check's rows) and their difference in points; then the same two over the rounds alone where
+    model_check gave them."""
     rows = {}
     for schedule in (s for s in check.schedule.unique() if s != modes.BASELINE):
         f, d = modes.name(modes.FLASH, schedule), modes.name(modes.DENSE, schedule)
         if f in check.index and d in check.index:
-            measured = check.loc[f, "measured tok/s"] / check.loc[d, "measured tok/s"]
-            model = check.loc[f, "model tok/s"] / check.loc[d, "model tok/s"]
+            ratio = lambda col: check.loc[f, col] / check.loc[d, col]
+            measured, model = ratio("measured tok/s"), ratio("model tok/s")
             rows[schedule] = {"measured flash/dense": measured, "model flash/dense": model,
                               "difference (points)": 100 * (measured - model)}
+            if "rounds tok/s" in check:
+                rows[schedule].update({"rounds: measured flash/dense": ratio("rounds tok/s"),
+                                       "rounds: model flash/dense": ratio("model rounds tok/s")})
     return pd.DataFrame(rows).T

@@ -318,6 +318,7 @@ def test_cost_model_charges_a_verify_only_in_rounds_that_make_one():
                        index=["flash_ordinary", "flash_deferred"])
     check = costmodel.model_check(agg, micro, ts, k)
     assert check["model / measured"].to_numpy() == pytest.approx([1.0, 1.0])
+    assert check["rounds tok/s"].to_numpy() == pytest.approx(check["measured tok/s"].to_numpy())  # no initial step
     assert check.loc["flash_ordinary", "skip share"] == skip
     # charging a verify every round (the old model) is off by the skipped share of the verify time
     old = 1000 / costmodel.tpot_ms(costmodel.call_costs(micro, ts), k, 3.0, "ordinary")
@@ -474,6 +475,24 @@ def test_the_figure_takes_the_ratios_of_the_run_that_finished_last(tmp_path):
     name, got = newest_ratios(tmp_path / "e2e-20261126T100000", main, subsets)
     assert name == "fused-draft-20261127T050000" and got is a
     assert newest_ratios(tmp_path / "e2e-20261126T100000", main, {})[1] is main
+
+
+def test_the_rounds_columns_leave_the_initial_step_out_of_measure_and_model():
+    from lib import costmodel
+    micro = {"model_step": {"dense": {"mean_ms": 2.0}, "flash": {"mean_ms": 1.0}}}
+    ts = {"verify_ms": {str(n): 20.0 for n in range(1, 9)}}
+    # 100 deferred rounds of 3 tokens: flash 24 ms a round (20 + 4 x 1), dense 28 (20 + 4 x 2); the dense
+    # samples' starts took 400 ms more in all, which the whole-decode ratio counts and the rounds' does not
+    rows = [cost_row("deferred", 4, 100, 0, 3.0, 24.0, initial_ms=600.0, decode_total_ms=3000.0),
+            cost_row("deferred", 4, 100, 0, 3.0, 28.0, initial_ms=1000.0, decode_total_ms=3800.0, draft="dense")]
+    for row in rows:
+        row["decode_tok_s"] = 1000 * 300 / row["decode_total_ms"]
+    check = costmodel.model_check(pd.DataFrame(rows, index=["flash_deferred", "dense_deferred"]), micro, ts, 4)
+    assert check["rounds tok/s"].to_numpy() == pytest.approx([1000 * 300 / 2400, 1000 * 300 / 2800])
+    assert check["model rounds tok/s"].to_numpy() == pytest.approx([1000 * 3 / 24, 1000 * 3 / 28])
+    r = costmodel.head_ratios(check).loc["deferred"]
+    assert r["measured flash/dense"] == pytest.approx(3800 / 3000)
+    assert r["rounds: measured flash/dense"] == pytest.approx(28 / 24) == r["rounds: model flash/dense"]
 
 
 def test_head_ratios_divide_flash_by_dense_per_schedule():
