@@ -1,4 +1,5 @@
-"""Timing: CUDA-event clocks (perf_counter on CPU), per-call latency and its statistics."""
+"""Timing: CUDA-event clocks (perf_counter on CPU), per-call latency and its statistics; the device context and
+CUDA-graph capture that engines and benches share."""
 from __future__ import annotations
 
 import os
@@ -27,6 +28,23 @@ def on(device: torch.device):
 def sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def capture(fn):
+    """Warm fn up on a side stream, then capture it in a CUDA graph (on the current device).
+    Returns (graph, static output)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    # Capture on our own stream of this device: torch.cuda.graph's default capture stream is made once,
+    # on whichever device was current then, and a second GPU's kernels would escape the capture.
+    with torch.cuda.graph(graph, stream=s):
+        out = fn()
+    return graph, out
 
 
 class Clock:

@@ -304,3 +304,21 @@ def test_a_chained_block_proposes_what_step_by_step_calls_propose(pair, heads, m
         torch.testing.assert_close(a.runner.cache.k, b.runner.cache.k)
     with pytest.raises(ValueError, match="cannot hold"):
         a.runner.chain(a.head.head, ids, MAX_LEN - 2, 5)
+
+
+def test_fill_writes_the_cache_prefill_writes_in_calls_of_the_longest_captured_length(pair):
+    """A draft's prompt goes into its cache through its captured call lengths (on a CPU there are none: one call;
+    here a captured length of 4 is named so that the chunks run, eagerly): every position's K/V as the one-call
+    prefill writes them, and the next call sees the same cache."""
+    ids = torch.randint(3, VOCAB, (1, 14), generator=torch.Generator().manual_seed(4))
+    whole, chunked = Runner(pair[1], 40), Runner(pair[1], 40)
+    whole.prefill(ids[:, :13])
+    chunked._graphs[("hidden", 4)] = chunked._graphs[("hidden", 2)] = None
+    calls = []
+    run = chunked._run
+    chunked._run = lambda kind, x, start, graph: calls.append((x.shape[1], start)) or run(kind, x, start, graph)
+    chunked.fill(ids[:, :13])
+    assert calls == [(4, 0), (4, 4), (4, 8), (1, 12)]
+    torch.testing.assert_close(chunked.cache.k[..., :13, :], whole.cache.k[..., :13, :], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(chunked.cache.v[..., :13, :], whole.cache.v[..., :13, :], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(chunked.forward(ids[:, 13:], 13), whole.forward(ids[:, 13:], 13), rtol=1e-5, atol=1e-5)

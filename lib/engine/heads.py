@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..bench import NO_CLOCK, on
-from .runner import capture
+from ..bench import NO_CLOCK, capture, on
 
 
 def cluster_to_token(assign: torch.Tensor, c: int) -> torch.Tensor:

@@ -195,7 +195,7 @@ def to_device(x: torch.Tensor, draft: Draft, device=None) -> torch.Tensor:
 def start(target: Target, draft: Draft, rule, s: Sequence):
     """Draft prefill and the target's append of the first token: returns the pending prediction."""
     P = s.prompt_len
-    draft.runner.prefill(to_device(s.buf[None, :P], draft))
+    draft.runner.fill(to_device(s.buf[None, :P], draft))
     s.t_pos, s.d_pos = P + 1, P
     return rule.append(target, s.buf[None, P:P + 1], P)
 

@@ -18,7 +18,6 @@ import torch
 
 from .. import bench, progress
 from ..config import Profile
-from ..engine.runner import capture
 from ..models import checkpoints
 from ..models.quantize import GROUP, dequantize, unpack
 from ..results import save_json
@@ -132,7 +131,7 @@ def _gemlite(awq: tuple, K: int, N: int):
 def graphed(make, x: torch.Tensor, copies: int):
     """One CUDA graph of CALLS calls cycling over `copies` independently made calls (own weights each)."""
     calls = [make(x) for _ in range(copies)]
-    graph, _ = capture(lambda: [calls[i % copies]() for i in range(CALLS)])
+    graph, _ = bench.capture(lambda: [calls[i % copies]() for i in range(CALLS)])
     return graph.replay
 
 
