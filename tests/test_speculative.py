@@ -316,9 +316,9 @@ def test_fill_writes_the_cache_prefill_writes_in_calls_of_the_longest_captured_l
     chunked._graphs[("hidden", 4)] = chunked._graphs[("hidden", 2)] = None
     calls = []
     run = chunked._run
-    chunked._run = lambda kind, x, start, graph: calls.append((x.shape[1], start)) or run(kind, x, start, graph)
+    chunked._run = lambda kind, x, start, graph: calls.append((x.shape[1], start, graph)) or run(kind, x, start, graph)
     chunked.fill(ids[:, :13])
-    assert calls == [(4, 0), (4, 4), (4, 8), (1, 12)]
+    assert calls == [(4, 0, True), (4, 4, True), (4, 8, True), (1, 12, False)]     # no graph of 1: eager
     torch.testing.assert_close(chunked.cache.k[..., :13, :], whole.cache.k[..., :13, :], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(chunked.cache.v[..., :13, :], whole.cache.v[..., :13, :], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(chunked.forward(ids[:, 13:], 13), whole.forward(ids[:, 13:], 13), rtol=1e-5, atol=1e-5)

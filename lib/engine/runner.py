@@ -122,11 +122,14 @@ class Runner:
     @torch.no_grad()
     def fill(self, ids: torch.Tensor) -> None:
         """The prompt (1,n) into the cache at position 0 (a draft needs no token of its prompt), in calls of the
-        longest captured length: graph replays of ~0.5 ms for a 0.6B draft instead of ~30 ms of eager launches."""
-        chunk = max((key[1] for key in self._graphs if key[0] == "hidden"), default=ids.shape[1])
+        longest captured length: graph replays of ~0.5 ms for a 0.6B draft instead of ~30 ms of eager launches.
+        A call whose length has no graph runs eagerly: nothing is captured (and compiled) here."""
+        lengths = {key[1] for key in self._graphs if key[0] == "hidden"}
+        chunk = max(lengths, default=ids.shape[1])
         with self.clock.span(f"call_{self.role}_prefill", self.device):
             for s in range(0, ids.shape[1], chunk):
-                self._run("hidden", ids[:, s:s + chunk], s, graph=True)
+                part = ids[:, s:s + chunk]
+                self._run("hidden", part, s, graph=max(part.shape[1], self.rows) in lengths)
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, start: int, graph: bool = True) -> torch.Tensor:
