@@ -529,6 +529,9 @@ def test_draft_step_table_reads_bandwidth_and_shares_from_microbench():
     bars = fig.axes[0].patches                                                  # body, body, head, head
     assert [round(p.get_width(), 6) for p in bars] == [0.5, 0.5, 0.2, 0.1]       # body 2.0 / 4; heads as above
     assert [round(p.get_height(), 6) for p in fig.axes[1].patches] == [1.02, 1.03, 1.025, 1.03]
+    rounds = ratios.assign(**{"rounds: measured flash/dense": [0.99, 1.01], "rounds: model flash/dense": [0.995, 1.0]})
+    heights = [round(p.get_height(), 6) for p in head_effect_plot(micro, rounds).axes[1].patches]
+    assert heights == [1.02, 1.03, 1.025, 1.03, 0.99, 1.01, 0.995, 1.0]         # the rounds alone beside the whole
     del micro["block"]["body"]                                                  # runs before the body was measured
     assert "head share of block" not in draft_step_table(micro).columns
     assert head_effect_plot(micro, ratios) is None and head_effect_plot({"model_step": {}}, ratios) is None

@@ -150,7 +150,8 @@ def probe_sweep_plot(micro: dict):
 def head_effect_plot(micro: dict, ratios: pd.DataFrame, run: str = ""):
     """Notebook 04: FlashHead against the dense head. Left: the draft's time per token in a round's proposal block
     (p50), the body and what the head adds to it, each draft's floor marked; right: the FlashHead draft's decode
-    tok/s over the dense draft's per schedule, measured and modelled (costmodel.head_ratios), in `run`. None where
+    tok/s over the dense draft's per schedule, measured and modelled, over the whole decode and over the rounds alone
+    where given (costmodel.head_ratios), in `run`. None where
     notebook 02 did not time the block without a head (CPU profiles, older files)."""
     if "floors" not in micro or "body" not in micro.get("block", {}):
         return None
@@ -163,8 +164,9 @@ def head_effect_plot(micro: dict, ratios: pd.DataFrame, run: str = ""):
     a.scatter(tab["floor ms"], tab.index, marker="|", s=500, color="k", zorder=3, label="floor")
     a.set(xlabel="ms per token in the block (p50)", title="the draft step", xlim=(0, 1.35 * (body + head).max()))
     a.legend(loc="center right", fontsize=8)
-    cols = ["measured flash/dense", "model flash/dense"]
-    ratios[cols].plot.bar(ax=b, rot=0)
+    cols = [c for c in ("measured flash/dense", "model flash/dense", "rounds: measured flash/dense",
+                        "rounds: model flash/dense") if c in ratios]
+    ratios[cols].rename(columns=lambda c: c.replace(" flash/dense", "")).plot.bar(ax=b, rot=0)
     b.axhline(1.0, color="k", lw=0.8)
     b.set(ylim=(min(1.0, ratios[cols].min().min()) - 0.01, max(1.0, ratios[cols].max().max()) + 0.01),
           ylabel="FlashHead / dense tok/s", title=f"end to end ({run})" if run else "end to end")
