@@ -322,3 +322,11 @@ def test_fill_writes_the_cache_prefill_writes_in_calls_of_the_longest_captured_l
     torch.testing.assert_close(chunked.cache.k[..., :13, :], whole.cache.k[..., :13, :], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(chunked.cache.v[..., :13, :], whole.cache.v[..., :13, :], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(chunked.forward(ids[:, 13:], 13), whole.forward(ids[:, 13:], 13), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_draft_filled_in_chunks_keeps_speculative_output_greedy(pair, heads, baselines, schedule):
+    draft = draft_of(pair[1], heads["flash_2"], DRAFT_D)
+    draft.runner._graphs[("hidden", 3)] = None                      # a captured length of 3: 30 tokens in 10 calls
+    res = generate_speculative(target_of(pair), draft, Request(prompt_of(30), MAX_NEW, schedule, 4))
+    assert res.tokens == baselines[30].tokens
