@@ -8,7 +8,7 @@ Layout: AWQ's GEMM tensors (qweight (K, N/8), qzeros (K/128, N/8) int32 in AWQ's
   zeros (K/128, N) uint8 codes, scales (K/128, N) as stored (fp16 or bf16); group 128 only.
 So one shift and one mask of a word leave the codes of k and k + 1 (neighbours in K) in its two 16-bit halves,
 which is where the tensor cores want a thread's pair of an operand, and chunk 4h + j of a K-block (16 K
-positions) is the j-th shift of 8 words: no data moves between the load and the multiply.
+positions) is the j-th shift of 8 words.
 
 Kernel (decode on an H100 is memory-bound; the int4 -> float work must stay under the load):
   * operands swapped, out^T (BLOCK_N, 16) = W^T (BLOCK_N, K) @ x^T (K, 16): the weights are the register
@@ -18,17 +18,21 @@ Kernel (decode on an H100 is memory-bound; the int4 -> float work must stay unde
   * int4 -> float without a conversion: a code c OR-ed into the bit pattern of 1024.0 (fp16, 0x6400) or 128.0
     (bf16, 0x4300) is that float plus c, since its unit in the last place is 1. One lop3 does (word & 0x000F000F)
     | magic for two codes, one sub.{f16,bf16}x2 takes (magic + z) off both: q - z, exact (inline PTX);
+  * the eight chunks of a K-block are joined into one (BLOCK_N, 128) operand in natural K order and multiplied by
+    ONE dot (K = 128). Eight chained K = 16 dots (the kernel before it) compiled to eight fence + wgmma + wait 0
+    sequences a K-block, draining the tensor-core pipe each time; the one dot is 15-18 % faster on one H100 at 8 rows
+    (qkv 19.3 -> 15.9 us, o 16.8 -> 13.9, gate/up 70.0 -> 61.4, down 40.4 -> 36.4; bit-equal outputs);
   * the group's scale multiplies the fp32 sum of a K-block (128 = one group) afterwards, so the only rounding is
     fp32 accumulation; the tensor cores' products of x and the integers q - z are exact;
   * split-K: program (n, s, m) covers columns n*BLOCK_N .., the s-th range of K-blocks, rows 16m ..; with
     several ranges each writes fp32 partials (split, M, N), and the last to finish (a counter per tile) adds
     them in the order s = 0, 1, ...: deterministic, one launch. The split comes from (N, K) only, never from M;
   * a residual (the layer's stream) can be added to the fp32 sum before its one rounding, in the epilogue.
-Measured: compiled for sm_90a (offline, Triton 3.9, ptxas 12.9) the inner loop issues about 2.6 instructions per
-weight (the AWQ-layout kernel before it: 7.2, with shared-memory round trips for the layout); on one H200 (Triton
+Measured with the eight-dot kernel before this one: compiled for sm_90a (offline, Triton 3.9, ptxas 12.9) its inner
+loop issued about 2.6 instructions per weight (the AWQ-layout kernel before it: 7.2, with shared-memory round trips for the layout); on one H200 (Triton
 3.6) the Qwen3-32B projections ran at 52-80 % of the copy bandwidth at one row, at most 7 % slower at 8; on one
-H100 (notebook 02, h100awq) at 48-75 %, a layer 8 % slower at 8 rows (README). The default tiles use 48 registers
-and 20 KB of shared memory: 10 programs an SM, so gate/up's 3,200 programs make 2.4 waves on 132 SMs.
+H100 (notebook 02, h100awq) at 48-75 %, a layer 8 % slower at 8 rows (README); it used 48 registers, 10 programs an
+SM. The one-dot kernel compiles (offline) to 95 registers, 5 programs an SM, and is faster all the same.
 Tried and dropped (one H100, h100awq target step, interleaved; a development script at d3184b8, not in outputs/):
 programmatic dependent launch, each matmul launched during the kernel before it and prefetching its first K-blocks
 of weights into L2: 12.32 ms a step without the prefetch, 12.63 with 2 K-blocks, 12.92 with 4, against 12.24 ms
@@ -90,6 +94,20 @@ def _pair(p, zz, DT: tl.constexpr, EMULATE: tl.constexpr):
             "=h,=h,r,r", [p, zz], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
 
 
+@triton.jit
+def _chunk(words, j: tl.constexpr, zz, BLOCK_N: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr):
+    """Chunk j of a half K-block's (BLOCK_N, 8) words: (column, 2r + t), its 16 K positions in order."""
+    lo, hi = _pair(words >> (4 * j), zz, DT, EMULATE)
+    return tl.reshape(tl.join(lo, hi), (BLOCK_N, 16))
+
+
+@triton.jit
+def _half(words, zz, BLOCK_N: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr):
+    """The four chunks of a half K-block, (BLOCK_N, 16, 2, 2): index [n, kk, b, a] holds chunk 2a + b."""
+    return tl.join(tl.join(_chunk(words, 0, zz, BLOCK_N, DT, EMULATE), _chunk(words, 1, zz, BLOCK_N, DT, EMULATE)),
+                   tl.join(_chunk(words, 2, zz, BLOCK_N, DT, EMULATE), _chunk(words, 3, zz, BLOCK_N, DT, EMULATE)))
+
+
 @triton.jit(do_not_specialize=["M"])                            # one compiled kernel for every M (M == 1 too)
 def _w4a16_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, count_ptr, res_ptr, out_ptr, M, N, K, stride_xm, stride_w,
                   stride_g, k_per_split, BLOCK_N: tl.constexpr, MAGIC: tl.constexpr, SPLIT: tl.constexpr,
@@ -98,7 +116,7 @@ def _w4a16_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, count_ptr, res_ptr, out_
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     rows = pid_m * 16 + tl.arange(0, 16)
-    k16 = tl.arange(0, 16)
+    k128 = tl.arange(0, 128)
     r8 = tl.arange(0, 8)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < N
@@ -109,20 +127,19 @@ def _w4a16_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, count_ptr, res_ptr, out_
         z = tl.load(z_ptr + g * stride_g + cols, mask=ok, other=0).to(tl.int32)
         s = tl.load(s_ptr + g * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
         zz = tl.broadcast_to(((z | MAGIC) * 0x10001)[:, None], (BLOCK_N, 8))
-        part = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
-        for h in tl.static_range(2):
-            base = w_ptr + (2 * g + h).to(tl.int64) * stride_w           # the (N, 8) words of half h
-            words = tl.load(base + cols[:, None] * 8 + r8[None, :], mask=ok[:, None], other=0)
-            for j in tl.static_range(4):
-                k = k0 + 16 * (4 * h + j) + k16                  # the 16 K positions of chunk 4h + j
-                # padded rows read as 0: the tile, and so each row's sums, do not depend on M
-                xt = tl.load(x_ptr + rows[None, :] * stride_xm + k[:, None], mask=rows[None, :] < M, other=0.0)
-                lo, hi = _pair(words >> (4 * j), zz, DT, EMULATE)
-                w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 16))   # (column, 2r + t): K order within the chunk
-                if EMULATE:
-                    part = tl.dot(w, xt.to(tl.float32), part, input_precision="ieee")
-                else:
-                    part = tl.dot(w, xt, part, out_dtype=tl.float32)
+        base = w_ptr + (2 * g).to(tl.int64) * stride_w           # the (N, 8) words of half 0, then of half 1
+        w0 = tl.load(base + cols[:, None] * 8 + r8[None, :], mask=ok[:, None], other=0)
+        w1 = tl.load(base + stride_w + cols[:, None] * 8 + r8[None, :], mask=ok[:, None], other=0)
+        # the eight chunks as one (BLOCK_N, 128) operand: index [n, kk, b, a, h] holds chunk 4h + 2a + b, and the
+        # permute puts K back in its natural order, so one dot (K = 128) replaces eight chained K = 16 dots
+        w = tl.join(_half(w0, zz, BLOCK_N, DT, EMULATE), _half(w1, zz, BLOCK_N, DT, EMULATE))
+        w = tl.reshape(tl.permute(w, (0, 4, 3, 2, 1)), (BLOCK_N, 128))
+        # padded rows read as 0: the tile, and so each row's sums, do not depend on M
+        xt = tl.load(x_ptr + rows[None, :] * stride_xm + (k0 + k128)[:, None], mask=rows[None, :] < M, other=0.0)
+        if EMULATE:
+            part = tl.dot(w, xt.to(tl.float32), input_precision="ieee")
+        else:
+            part = tl.dot(w, xt, out_dtype=tl.float32)
         acc += part * s[:, None]                                 # the group's scale, in fp32
     at = rows[None, :] * N + cols[:, None]
     keep = (rows[None, :] < M) & ok[:, None]
