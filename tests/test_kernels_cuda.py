@@ -122,3 +122,24 @@ def test_fill_replays_the_captured_graphs_and_writes_the_cache_prefill_writes(pa
     assert set(graphed._graphs) == captured
     for a, b in ((graphed.cache.k, eager.cache.k), (graphed.cache.v, eager.cache.v)):
         torch.testing.assert_close(a[..., :13, :], b[..., :13, :], rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_w4a16_compiled_is_exact_and_batch_invariant(dtype):
+    """The W4A16 kernel's compiled path (inline-PTX int4 -> float, one K = 128 dot a K-block; the interpreter runs
+    integer arithmetic instead): within fp32 accumulation of x @ dequantize(W), and a row of a 9-row call is
+    bitwise that row alone, with and without split-K."""
+    from lib.models import quantize as Q
+    from lib.models.w4a16 import Tiles, dequantize, pack_awq, w4a16_matmul
+    g = torch.Generator().manual_seed(7)
+    K, N = 1024, 320
+    awq = (Q.pack(torch.randint(0, 16, (K, N), generator=g)), Q.pack(torch.randint(0, 16, (K // 128, N), generator=g)),
+           (torch.rand(K // 128, N, generator=g) * 0.02 + 0.001).to(dtype))
+    w = pack_awq(*(t.to(DEV) for t in awq))
+    x = torch.randn(9, K, generator=g).to(DEV, dtype)
+    ref = x.float() @ dequantize(w)
+    for tiles in (Tiles(), Tiles(split_k=1), Tiles(block_n=128, split_k=3)):
+        y32 = w4a16_matmul(x, w, tiles, out_dtype=torch.float32)
+        assert ((y32 - ref).norm() / ref.norm()).item() <= 1e-5
+        assert torch.equal(w4a16_matmul(x, w, tiles), y32.to(dtype))         # the fp32 sum, rounded once
+        assert torch.equal(w4a16_matmul(x[4:5], w, tiles), w4a16_matmul(x, w, tiles)[4:5])
