@@ -68,9 +68,11 @@ def test_matches_dequantized_reference(M, dtype, tiles):
 
 def test_split_plan_covers_k_without_empty_ranges():
     assert split_plan(1024, 64, Tiles(split_k=3)) == (3, 384)                # 8 K-blocks: 3 + 3 + 2
-    assert split_plan(25600, 5120, Tiles()) == (16, 1664)                    # 200 K-blocks: at most 16 ranges
-    assert split_plan(5120, 51200, Tiles()) == (4, 1280)                     # 40 K-blocks: about 10 a range
-    assert split_plan(8192, 5120, Tiles()) == (8, 1024)                      # 80 column tiles: about 640 programs
+    assert split_plan(25600, 5120, Tiles()) == (8, 3200)                     # 80 column tiles: about 640 programs
+    assert split_plan(5120, 51200, Tiles()) == (1, 5120)                     # 800 column tiles: no split
+    assert split_plan(5120, 10240, Tiles()) == (4, 1280)                     # 160 column tiles
+    assert split_plan(256, 64 * 700, Tiles(block_n=64, split_k=None)) == (1, 256)
+    assert split_plan(1024, 64, Tiles()) == (8, 128)                         # at most one range a K-block
     assert split_plan(256, 64, Tiles()) == (2, 128)                          # one K-block a range
 
 

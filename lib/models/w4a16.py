@@ -54,10 +54,10 @@ from ..engine.kernels import counters
 from .quantize import GROUP, as_int32, unpack
 
 ROWS = 16                          # activation rows of one program (the wgmma's N)
-# split-K (one H200, Triton 3.6, Qwen3-32B decode shapes): about 10 K-blocks a program and at least about 640
-# programs were best for each of q/k/v, o, gate/up and down among splits 1..16 and block_n 64..256
-BLOCKS_PER_PROGRAM = 10
-MIN_PROGRAMS = 640
+# split-K: enough K ranges for about 640 programs, one wave at 5 programs an SM on 132 SMs (the one-dot kernel's
+# 95 registers). One H100, 8 rows, Qwen3-32B decode shapes, interleaved: the best of the splits tried for q/k/v
+# (4 ranges; 1, 2, 8 tried), o (8; 4, 16), gate/up (1; 2, 4, 8: 4 was 6 % slower) and down (8; 16 was 11 % slower)
+PROGRAMS = 640
 MAX_SPLIT = 16                     # K ranges at most (partials cost M * N * 4 bytes a range)
 _MAGIC = {torch.float16: 0x6400, torch.bfloat16: 0x4300}      # 1024.0 (fp16) and 128.0 (bf16)
 
@@ -209,8 +209,7 @@ def dequantize(w: PackedInt4) -> torch.Tensor:
 def split_plan(K: int, N: int, tiles: Tiles) -> tuple[int, int]:
     """(split, K per split): from the shape and tiles only, never from M (batch invariance)."""
     blocks = K // 128
-    wide = max(triton.cdiv(blocks, BLOCKS_PER_PROGRAM), triton.cdiv(MIN_PROGRAMS, triton.cdiv(N, tiles.block_n)))
-    split = tiles.split_k or min(MAX_SPLIT, wide)
+    split = tiles.split_k or min(MAX_SPLIT, triton.cdiv(PROGRAMS, triton.cdiv(N, tiles.block_n)))
     per = triton.cdiv(blocks, max(1, min(split, blocks)))       # K-blocks per range
     return triton.cdiv(blocks, per), per * 128                  # no empty ranges
 
