@@ -32,7 +32,9 @@ Measured with the eight-dot kernel before this one: compiled for sm_90a (offline
 loop issued about 2.6 instructions per weight (the AWQ-layout kernel before it: 7.2, with shared-memory round trips for the layout); on one H200 (Triton
 3.6) the Qwen3-32B projections ran at 52-80 % of the copy bandwidth at one row, at most 7 % slower at 8; on one
 H100 (notebook 02, h100awq) at 48-75 %, a layer 8 % slower at 8 rows (README); it used 48 registers, 10 programs an
-SM. The one-dot kernel compiles (offline) to 95 registers, 5 programs an SM, and is faster all the same.
+SM. The one-dot kernel compiles (offline, the same tools, default tiles) to 80 registers (6 programs an SM) and a loop
+of 226 warp instructions for 2,048 weights a warp (the eight-dot kernel: 319), with one fence and one wait a K-block;
+the permute to natural K order costs no instruction (no shared-memory round trip).
 Tried and dropped (one H100, h100awq target step, interleaved; a development script at d3184b8, not in outputs/):
 programmatic dependent launch, each matmul launched during the kernel before it and prefetching its first K-blocks
 of weights into L2: 12.32 ms a step without the prefetch, 12.63 with 2 K-blocks, 12.92 with 4, against 12.24 ms
@@ -54,8 +56,8 @@ from ..engine.kernels import counters
 from .quantize import GROUP, as_int32, unpack
 
 ROWS = 16                          # activation rows of one program (the wgmma's N)
-# split-K: enough K ranges for about 640 programs, one wave at 5 programs an SM on 132 SMs (the one-dot kernel's
-# 95 registers). One H100, 8 rows, Qwen3-32B decode shapes, interleaved: the best of the splits tried for q/k/v
+# split-K: enough K ranges for about 640 programs, all resident at once on an H100 (6 programs an SM at 80
+# registers: 792 on 132 SMs). One H100, 8 rows, Qwen3-32B decode shapes, interleaved: the best of the splits tried for q/k/v
 # (4 ranges; 1, 2, 8 tried), o (8; 4, 16), gate/up (1; 2, 4, 8: 4 was 6 % slower) and down (8; 16 was 11 % slower)
 PROGRAMS = 640
 MAX_SPLIT = 16                     # K ranges at most (partials cost M * N * 4 bytes a range)
