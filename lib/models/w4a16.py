@@ -18,25 +18,23 @@ Kernel (decode on an H100 is memory-bound; the int4 -> float work must stay unde
   * int4 -> float without a conversion: a code c OR-ed into the bit pattern of 1024.0 (fp16, 0x6400) or 128.0
     (bf16, 0x4300) is that float plus c, since its unit in the last place is 1. One lop3 does (word & 0x000F000F)
     | magic for two codes, one sub.{f16,bf16}x2 takes (magic + z) off both: q - z, exact (inline PTX);
-  * the eight chunks of a K-block are joined into one (BLOCK_N, 128) operand in natural K order and multiplied by
-    ONE dot (K = 128). Eight chained K = 16 dots (the kernel before it) compiled to eight fence + wgmma + wait 0
-    sequences a K-block, draining the tensor-core pipe each time; the one dot is 15-18 % faster on one H100 at 8 rows
-    (qkv 19.3 -> 15.9 us, o 16.8 -> 13.9, gate/up 70.0 -> 61.4, down 40.4 -> 36.4; bit-equal outputs);
+  * the eight chunks of a K-block (16 K positions each) are joined into one (BLOCK_N, 128) operand in natural K
+    order and multiplied by ONE dot (K = 128): one fence and one wait a K-block, where eight chained K = 16 dots
+    drained the tensor-core pipe eight times (and took 15-18 % longer on one H100; the outputs are bit-equal);
   * the group's scale multiplies the fp32 sum of a K-block (128 = one group) afterwards, so the only rounding is
     fp32 accumulation; the tensor cores' products of x and the integers q - z are exact;
   * split-K: program (n, s, m) covers columns n*BLOCK_N .., the s-th range of K-blocks, rows 16m ..; with
     several ranges each writes fp32 partials (split, M, N), and the last to finish (a counter per tile) adds
     them in the order s = 0, 1, ...: deterministic, one launch. The split comes from (N, K) only, never from M;
   * a residual (the layer's stream) can be added to the fp32 sum before its one rounding, in the epilogue.
-Measured with the eight-dot kernel before this one: compiled for sm_90a (offline, Triton 3.9, ptxas 12.9) its inner
-loop issued about 2.6 instructions per weight (the AWQ-layout kernel before it: 7.2, with shared-memory round trips for the layout); on one H200 (Triton
-3.6) the Qwen3-32B projections ran at 52-80 % of the copy bandwidth at one row, at most 7 % slower at 8; on one
-H100 (notebook 02, h100awq) at 48-75 %, a layer 8 % slower at 8 rows (README); it used 48 registers, 10 programs an
-SM. The one-dot kernel compiles (offline, the same tools, default tiles) to 80 registers (6 programs an SM) and a loop
-of 226 warp instructions for 2,048 weights a warp (the eight-dot kernel: 319), with one fence and one wait a K-block;
-the permute to natural K order costs no instruction (no shared-memory round trip).
-Tried and dropped (one H100, h100awq target step, interleaved; a development script at d3184b8, not in outputs/):
-programmatic dependent launch, each matmul launched during the kernel before it and prefetching its first K-blocks
+Measured (one H100, notebook 02's table, b367605): a Qwen3-32B layer's four projections take 118 us at one row and
+122 us at 16 (int4 floor 87 us at the copy bandwidth; gptqmodel's marlin 126 and 134): gate/up at 81 % of the copy,
+down at 71-73 %, q/k/v and o at 55-61 % (about 6 us each above the floor at any row count: the ramp-up of one wave
+and the split-K tail). Compiled offline (sm_90a, Triton 3.9, ptxas 12.9, default tiles): 80 registers, 6 programs an
+SM, and a K-block loop of 226 warp instructions for 2,048 weights a warp; the permute to natural K order costs no
+instruction. The eight-dot kernel before it: 319 instructions, 48 registers, 137-166 us a layer.
+Tried and dropped with the eight-dot kernel (one H100, h100awq target step, interleaved; a development script at
+d3184b8, not in outputs/): programmatic dependent launch, each matmul launched during the kernel before it and prefetching its first K-blocks
 of weights into L2: 12.32 ms a step without the prefetch, 12.63 with 2 K-blocks, 12.92 with 4, against 12.24 ms
 with plain launches.
 Under TRITON_INTERPRET=1 (CPU) inline PTX cannot run, so there the same q - z come from integer arithmetic and
@@ -56,9 +54,9 @@ from ..engine.kernels import counters
 from .quantize import GROUP, as_int32, unpack
 
 ROWS = 16                          # activation rows of one program (the wgmma's N)
-# split-K: enough K ranges for about 640 programs, all resident at once on an H100 (6 programs an SM at 80
-# registers: 792 on 132 SMs). One H100, 8 rows, Qwen3-32B decode shapes, interleaved: the best of the splits tried for q/k/v
-# (4 ranges; 1, 2, 8 tried), o (8; 4, 16), gate/up (1; 2, 4, 8: 4 was 6 % slower) and down (8; 16 was 11 % slower)
+# split-K: enough K ranges for about 640 programs, all resident at once on an H100 (6 an SM: 792 on 132 SMs).
+# One H100, 8 rows, the 32B decode shapes, interleaved: the best of the splits tried for q/k/v (4 ranges; 1, 2, 8
+# tried), o (8; 4, 16), gate/up (1; 2, 4, 8: 4 was 6 % slower) and down (8; 16 was 11 % slower)
 PROGRAMS = 640
 MAX_SPLIT = 16                     # K ranges at most (partials cost M * N * 4 bytes a range)
 _MAGIC = {torch.float16: 0x6400, torch.bfloat16: 0x4300}      # 1024.0 (fp16) and 128.0 (bf16)
@@ -73,7 +71,7 @@ class PackedInt4(NamedTuple):
 @dataclass(frozen=True)
 class Tiles:
     """Launch parameters: output columns a program computes, K ranges, warps and pipeline stages. Defaults: the best
-    of a sweep on one H200 (block_n 64/128/256 x warps 4/8 x stages 2/3/4 x splits, M = 1 and 8)."""
+    of sweeps on one H200 and one H100 (block_n 64/128 x warps 4/8 x stages 2/3/4 x splits, 8 rows)."""
     block_n: int = 64              # 64, 128 or 256 (the wgmma's M)
     split_k: int | None = None     # K ranges (None: from N and K, see split_plan)
     num_warps: int = 4
