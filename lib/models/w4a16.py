@@ -34,9 +34,9 @@ and the split-K tail). Compiled offline (sm_90a, Triton 3.9, ptxas 12.9, default
 SM, and a K-block loop of 226 warp instructions for 2,048 weights a warp; the permute to natural K order costs no
 instruction. The eight-dot kernel before it: 319 instructions, 48 registers, 137-166 us a layer.
 Tried and dropped with the eight-dot kernel (one H100, h100awq target step, interleaved; a development script at
-d3184b8, not in outputs/): programmatic dependent launch, each matmul launched during the kernel before it and prefetching its first K-blocks
-of weights into L2: 12.32 ms a step without the prefetch, 12.63 with 2 K-blocks, 12.92 with 4, against 12.24 ms
-with plain launches.
+d3184b8, not in outputs/): programmatic dependent launch, each matmul launched during the kernel before it and
+prefetching its first K-blocks of weights into L2: 12.32 ms a step without the prefetch, 12.63 with 2 K-blocks,
+12.92 with 4, against 12.24 ms with plain launches.
 Under TRITON_INTERPRET=1 (CPU) inline PTX cannot run, so there the same q - z come from integer arithmetic and
 the products are summed in fp32 (`_EMULATE`).
 """
