@@ -30,9 +30,10 @@ Kernel (decode on an H100 is memory-bound; the int4 -> float work must stay unde
 Measured (one H100, notebook 02's table, b367605): a Qwen3-32B layer's four projections take 118 us at one row and
 122 us at 16 (int4 floor 87 us at the copy bandwidth; gptqmodel's marlin 126 and 134): gate/up at 81 % of the copy,
 down at 71-73 %, q/k/v and o at 55-61 % (about 6 us each above the floor at any row count: the ramp-up of one wave
-and the split-K tail). Compiled offline (sm_90a, Triton 3.9, ptxas 12.9, default tiles): 80 registers, 6 programs an
-SM, and a K-block loop of 226 warp instructions for 2,048 weights a warp; the permute to natural K order costs no
-instruction. The eight-dot kernel before it: 319 instructions, 48 registers, 137-166 us a layer.
+and the split-K tail). Compiled offline (sm_90a, Triton 3.9, ptxas 12.9, default tiles): 80 registers with split-K
+(6 programs an SM), 72 without (7), and a K-block loop of 226 warp instructions for 2,048 weights a warp; the
+permute to natural K order costs no instruction. The eight-dot kernel before it: 319 instructions, 48 registers,
+137-166 us a layer.
 Tried and dropped with the eight-dot kernel (one H100, h100awq target step, interleaved; a development script at
 d3184b8, not in outputs/): programmatic dependent launch, each matmul launched during the kernel before it and
 prefetching its first K-blocks of weights into L2: 12.32 ms a step without the prefetch, 12.63 with 2 K-blocks,
@@ -54,7 +55,7 @@ from ..engine.kernels import counters
 from .quantize import GROUP, as_int32, unpack
 
 ROWS = 16                          # activation rows of one program (the wgmma's N)
-# split-K: enough K ranges for about 640 programs, all resident at once on an H100 (6 an SM: 792 on 132 SMs).
+# split-K: enough K ranges for about 640 programs, all resident at once on an H100 (132 SMs, 6 programs an SM)
 # One H100, 8 rows, the 32B decode shapes, interleaved: the best of the splits tried for q/k/v (4 ranges; 1, 2, 8
 # tried), o (8; 4, 16), gate/up (1; 2, 4, 8: 4 was 6 % slower) and down (8; 16 was 11 % slower)
 PROGRAMS = 640
