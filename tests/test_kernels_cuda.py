@@ -129,14 +129,13 @@ def test_w4a16_compiled_is_exact_and_batch_invariant(dtype):
     """The W4A16 kernel's compiled path (inline-PTX int4 -> float, one K = 128 dot a K-block; the interpreter runs
     integer arithmetic instead): within fp32 accumulation of x @ dequantize(W), and a row of a 9-row call is
     bitwise that row alone, with and without split-K."""
-    from lib.models import quantize as Q
     from lib.models.w4a16 import Tiles, dequantize, pack_awq, w4a16_matmul
-    g = torch.Generator().manual_seed(7)
+    from lib.study.int4_kernels import random_awq
+    torch.manual_seed(7)
     K, N = 1024, 320
-    awq = (Q.pack(torch.randint(0, 16, (K, N), generator=g)), Q.pack(torch.randint(0, 16, (K // 128, N), generator=g)),
-           (torch.rand(K // 128, N, generator=g) * 0.02 + 0.001).to(dtype))
-    w = pack_awq(*(t.to(DEV) for t in awq))
-    x = torch.randn(9, K, generator=g).to(DEV, dtype)
+    qweight, qzeros, scales = random_awq(K, N, DEV)
+    w = pack_awq(qweight, qzeros, scales.to(dtype))
+    x = torch.randn(9, K, device=DEV, dtype=dtype)
     ref = x.float() @ dequantize(w)
     for tiles in (Tiles(), Tiles(split_k=1), Tiles(block_n=128, split_k=3)):
         y32 = w4a16_matmul(x, w, tiles, out_dtype=torch.float32)
