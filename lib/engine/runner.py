@@ -129,7 +129,7 @@ class Runner:
         with self.clock.span(f"call_{self.role}_prefill", self.device):
             for s in range(0, ids.shape[1], chunk):
                 part = ids[:, s:s + chunk]
-                self._run("hidden", part, s, graph=max(part.shape[1], self.rows) in lengths)
+                self._run("hidden", part, s, graph=self._length(part.shape[1]) in lengths)
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, start: int, graph: bool = True) -> torch.Tensor:
@@ -143,13 +143,17 @@ class Runner:
         with self.clock.span(f"call_{self.role}", self.device):
             return self._run("greedy", ids, start, graph)
 
+    def _length(self, n: int) -> int:
+        """The length a call of n tokens runs at: at least `rows` (batch-invariant calls pad to a fixed count)."""
+        return self.rows if 0 < n < self.rows else n
+
     def _run(self, kind: str, ids: torch.Tensor, start: int, graph: bool) -> torch.Tensor:
-        n = ids.shape[1]
+        n, m = ids.shape[1], self._length(ids.shape[1])
         if start + n > self.max_len:
             raise ValueError(f"KV cache of {self.max_len} positions cannot hold {start + n}")
-        if not 0 < n < self.rows:
+        if m == n:
             return self._call(kind, ids, start, graph)
-        out = self._call(kind, F.pad(ids, (0, self.rows - n)), start, graph)          # batch-invariant: fixed rows
+        out = self._call(kind, F.pad(ids, (0, m - n)), start, graph)                    # batch-invariant: fixed rows
         return out[:, :n] if kind == "hidden" else out[:n]
 
     def _call(self, kind: str, ids: torch.Tensor, start: int, graph: bool) -> torch.Tensor:
@@ -169,7 +173,7 @@ class Runner:
         inside a timed generation."""
         if self.graphs:
             with on(self.device):
-                for n in sorted({max(n, self.rows) for n in lengths}):                     # the lengths calls run at
+                for n in sorted({self._length(n) for n in lengths}):                       # the lengths calls run at
                     self._graphs.get((kind, n)) or self._capture(kind, n)
 
     def _capture(self, kind: str, n: int) -> dict:
