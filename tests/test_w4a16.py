@@ -37,7 +37,7 @@ def test_repacked_weights_are_the_awq_weights():
     t = Q.quantize_weight(W)
     w = pack_awq(t["qweight"], t["qzeros"], t["scales"])
     assert torch.equal(dequantize(w), Q.dequantize(t["qweight"], t["qzeros"], t["scales"]).t())
-    assert w.words.shape == (4, 64, 8) and w.zeros.dtype == torch.uint8
+    assert w.words.shape == (4, 64, 8) and w.groups.shape == (2, 64, 2) and w.groups.dtype == t["scales"].dtype
     # word [2b + h, n, r], bits 4j + 16t: the code of column n, k = 128b + 16(4h + j) + 2r + t
     codes = Q.unpack(t["qweight"])
     b, h, r, j, tt, n = 1, 1, 5, 2, 1, 9

@@ -5,7 +5,11 @@ Layout: AWQ's GEMM tensors (qweight (K, N/8), qzeros (K/128, N/8) int32 in AWQ's
 (K/128, N)) are repacked once at load (`pack_awq`) into
   words (K/64, N, 8) int32: word [2b + h, n, r] holds in bits 4j + 16t (j 0..3, t 0..1) the code of column n,
       k = 128b + 16(4h + j) + 2r + t (K-block b = one group); a program's (columns, 8) tile is contiguous,
-  zeros (K/128, N) uint8 codes, scales (K/128, N) as stored (fp16 or bf16); group 128 only.
+  groups (K/128, N, 2) in the scales' dtype (fp16 or bf16): [..., 0] the group's scale, [..., 1] its zero point's
+      code (0..15) as the bits of an int16; group 128 only. A column's scale and zero point are one 4-byte word,
+      which the kernel can copy asynchronously (cp.async takes 4, 8 or 16 bytes): Triton then pipelines it with
+      the weights, where a 1-byte zero point and a 2-byte scale were plain loads whose DRAM latency each K-block
+      waited on (one H100, 8 rows: q/k/v 15.8 -> 14.2 us, o 13.6 -> 12.3, down 32.9 -> 28.9; 1.6 % more bytes).
 So one shift and one mask of a word leave the codes of k and k + 1 (neighbours in K) in its two 16-bit halves,
 which is where the tensor cores want a thread's pair of an operand, and chunk 4h + j of a K-block (16 K
 positions) is the j-th shift of 8 words.
@@ -65,8 +69,7 @@ _MAGIC = {torch.float16: 0x6400, torch.bfloat16: 0x4300}      # 1024.0 (fp16) an
 
 class PackedInt4(NamedTuple):
     words: torch.Tensor            # (K/64, N, 8) int32, the layout above
-    zeros: torch.Tensor            # (K/128, N) uint8
-    scales: torch.Tensor           # (K/128, N) fp16 or bf16
+    groups: torch.Tensor           # (K/128, N, 2) fp16 or bf16: scale, zero point code
 
 
 @dataclass(frozen=True)
@@ -77,40 +80,52 @@ class Tiles:
     split_k: int | None = None     # K ranges (None: from N and K, see split_plan)
     num_warps: int = 4
     num_stages: int = 3
+    maxnreg: int | None = 72       # registers a thread (None: ptxas's choice, 77-78 here: 6 programs an SM, and
+                                   # gate/up's 800 programs a second wave); 72 fits 7 an SM and spills nothing
 
 
 @triton.jit
-def _pair(p, zz, DT: tl.constexpr, EMULATE: tl.constexpr):
-    """(lo, hi) = codes in bits 0-3 and 16-19 of p minus the zero point, as DT; zz holds (magic + z) twice."""
+def _pair(p, j: tl.constexpr, zz, zh, DT: tl.constexpr, EMULATE: tl.constexpr):
+    """(lo, hi) = the codes of chunk j (bits 4j..4j+3 and 16+4j..) of the words p minus the zero point, as DT; zz
+    holds (magic + z) twice, zh the fp16 bits of -(64 + z) twice. fp16 (marlin's trick): one shift a word, by 8,
+    serves chunks 2 and 3; an odd chunk's codes stay 4 bits up, where OR-ed into 1024.0 they make 1024 + 16c, and
+    one fma (x / 16 - (64 + z)) leaves c - z, exact. bf16's 7-bit mantissa has no room for that: one shift a chunk."""
     if EMULATE:
+        q = p >> (4 * j)
         z = zz & 0xF
-        return ((p & 0xF) - z).to(tl.float32), (((p >> 16) & 0xF) - z).to(tl.float32)
+        return ((q & 0xF) - z).to(tl.float32), (((q >> 16) & 0xF) - z).to(tl.float32)
+    elif DT == tl.float16 and j % 2 == 1:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t, s; mov.b32 s, 0x2C002C00; lop3.b32 t, $2, 0x00F000F0, 0x64006400, 0xEA; "
+            "fma.rn.f16x2 t, t, s, $3; mov.b32 {$0, $1}, t; }",
+            "=h,=h,r,r", [p >> (8 * (j // 2)), zh], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
     elif DT == tl.float16:
         return tl.inline_asm_elementwise(
             "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 t, t, $3; mov.b32 {$0, $1}, t; }",
-            "=h,=h,r,r", [p, zz], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+            "=h,=h,r,r", [p >> (8 * (j // 2)), zz], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
     else:
         return tl.inline_asm_elementwise(
             "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; sub.bf16x2 t, t, $3; mov.b32 {$0, $1}, t; }",
-            "=h,=h,r,r", [p, zz], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+            "=h,=h,r,r", [p >> (4 * j), zz], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
 
 
 @triton.jit
-def _chunk(words, j: tl.constexpr, zz, BLOCK_N: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr):
+def _chunk(words, j: tl.constexpr, zz, zh, BLOCK_N: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr):
     """Chunk j of a half K-block's (BLOCK_N, 8) words: (column, 2r + t), its 16 K positions in order."""
-    lo, hi = _pair(words >> (4 * j), zz, DT, EMULATE)
+    lo, hi = _pair(words, j, zz, zh, DT, EMULATE)
     return tl.reshape(tl.join(lo, hi), (BLOCK_N, 16))
 
 
 @triton.jit
-def _half(words, zz, BLOCK_N: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr):
+def _half(words, zz, zh, BLOCK_N: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr):
     """The four chunks of a half K-block, (BLOCK_N, 16, 2, 2): index [n, kk, b, a] holds chunk 2a + b."""
-    return tl.join(tl.join(_chunk(words, 0, zz, BLOCK_N, DT, EMULATE), _chunk(words, 1, zz, BLOCK_N, DT, EMULATE)),
-                   tl.join(_chunk(words, 2, zz, BLOCK_N, DT, EMULATE), _chunk(words, 3, zz, BLOCK_N, DT, EMULATE)))
+    c0, c1 = _chunk(words, 0, zz, zh, BLOCK_N, DT, EMULATE), _chunk(words, 1, zz, zh, BLOCK_N, DT, EMULATE)
+    c2, c3 = _chunk(words, 2, zz, zh, BLOCK_N, DT, EMULATE), _chunk(words, 3, zz, zh, BLOCK_N, DT, EMULATE)
+    return tl.join(tl.join(c0, c1), tl.join(c2, c3))
 
 
 @triton.jit(do_not_specialize=["M"])                            # one compiled kernel for every M (M == 1 too)
-def _w4a16_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, count_ptr, res_ptr, out_ptr, M, N, K, stride_xm, stride_w,
+def _w4a16_kernel(x_ptr, w_ptr, g_ptr, part_ptr, count_ptr, res_ptr, out_ptr, M, N, K, stride_xm, stride_w,
                   stride_g, k_per_split, BLOCK_N: tl.constexpr, MAGIC: tl.constexpr, SPLIT: tl.constexpr,
                   RESIDUAL: tl.constexpr, EMULATE: tl.constexpr):
     """RESIDUAL: out = res + the product, added in fp32 and rounded once."""
@@ -125,15 +140,18 @@ def _w4a16_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, count_ptr, res_ptr, out_
     acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), 128):
         g = k0 // 128                                            # one group a K-block
-        z = tl.load(z_ptr + g * stride_g + cols, mask=ok, other=0).to(tl.int32)
-        s = tl.load(s_ptr + g * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
+        sz = tl.load(g_ptr + g * stride_g + cols, mask=ok, other=0)             # int32: scale bits, zero point
+        s = (sz & 0xFFFF).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+        z = (sz >> 16) & 0xF
         zz = tl.broadcast_to(((z | MAGIC) * 0x10001)[:, None], (BLOCK_N, 8))
+        zh = (z << 4) | 0xD400                                   # -(64 + z) in fp16 (only fp16 uses it)
+        zh = tl.broadcast_to(((zh << 16) | zh)[:, None], (BLOCK_N, 8))
         base = w_ptr + (2 * g).to(tl.int64) * stride_w           # the (N, 8) words of half 0, then of half 1
         w0 = tl.load(base + cols[:, None] * 8 + r8[None, :], mask=ok[:, None], other=0)
         w1 = tl.load(base + stride_w + cols[:, None] * 8 + r8[None, :], mask=ok[:, None], other=0)
         # the eight chunks as one (BLOCK_N, 128) operand: index [n, kk, b, a, h] holds chunk 4h + 2a + b, and the
         # permute puts K back in its natural order, so one dot (K = 128) replaces eight chained K = 16 dots
-        w = tl.join(_half(w0, zz, BLOCK_N, DT, EMULATE), _half(w1, zz, BLOCK_N, DT, EMULATE))
+        w = tl.join(_half(w0, zz, zh, BLOCK_N, DT, EMULATE), _half(w1, zz, zh, BLOCK_N, DT, EMULATE))
         w = tl.reshape(tl.permute(w, (0, 4, 3, 2, 1)), (BLOCK_N, 128))
         # padded rows read as 0: the tile, and so each row's sums, do not depend on M
         xt = tl.load(x_ptr + rows[None, :] * stride_xm + (k0 + k128)[:, None], mask=rows[None, :] < M, other=0.0)
@@ -183,8 +201,8 @@ def pack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, 
         raise ValueError(f"scales must be fp16/bf16 of shape {(K // 128, N)}, got {tuple(scales.shape)} {scales.dtype}")
     codes = unpack(qweight).view(K // 128, 2, 4, 8, 2, N).to(torch.int64)   # (b, h, j, r, t, n)
     words = as_int32((codes << _shifts(codes.device)).sum((2, 4)))          # disjoint bits: sum == or; (b, h, r, n)
-    return PackedInt4(words.permute(0, 1, 3, 2).reshape(K // 64, N, 8).contiguous(),
-                      unpack(qzeros).to(torch.uint8).contiguous(), scales.contiguous())
+    groups = torch.stack([scales, unpack(qzeros).to(torch.int16).view(scales.dtype)], -1)
+    return PackedInt4(words.permute(0, 1, 3, 2).reshape(K // 64, N, 8).contiguous(), groups.contiguous())
 
 
 def _shifts(device) -> torch.Tensor:
@@ -204,7 +222,8 @@ def dequantize(w: PackedInt4) -> torch.Tensor:
     words = w.words.view(b, 2, n, 8).permute(0, 1, 3, 2)                    # (b, h, r, n)
     codes = (words[:, :, None, :, None] >> _shifts(words.device)) & 0xF     # (b, h, j, r, t, n)
     q = codes.reshape(b * 128, n)
-    return (q - w.zeros.int().repeat_interleave(128, 0)).float() * w.scales.float().repeat_interleave(128, 0)
+    scales, zeros = w.groups[..., 0].float(), w.groups[..., 1].view(torch.int16).int()
+    return (q - zeros.repeat_interleave(128, 0)).float() * scales.repeat_interleave(128, 0)
 
 
 def split_plan(K: int, N: int, tiles: Tiles) -> tuple[int, int]:
@@ -219,16 +238,16 @@ def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dty
                  residual: torch.Tensor | None = None):
     """y (M, N) = x (M, K) @ W (+ residual (M, N)), fp32 accumulation, as out_dtype (default x's dtype)."""
     M, K = x.shape
-    N = w.scales.shape[1]
-    if K != w.words.shape[0] * 64 or x.dtype != w.scales.dtype:
-        raise ValueError(f"x must be {w.scales.dtype} of shape (M, {w.words.shape[0] * 64}), "
+    N = w.groups.shape[1]
+    if K != w.words.shape[0] * 64 or x.dtype != w.groups.dtype:
+        raise ValueError(f"x must be {w.groups.dtype} of shape (M, {w.words.shape[0] * 64}), "
                          f"got {tuple(x.shape)} {x.dtype}")
     if tiles.block_n not in (64, 128, 256):
         raise ValueError(f"block_n must be 64, 128 or 256, got {tiles.block_n}")
     if residual is not None and (residual.shape != (M, N) or residual.stride() != (N, 1)):
         raise ValueError(f"the residual must be contiguous of shape {(M, N)}, got {tuple(residual.shape)}")
-    if w.words.stride()[1:] != (8, 1) or w.scales.stride(1) != 1 or w.zeros.stride() != w.scales.stride():
-        raise ValueError("w4a16: the words' (N, 8) rows and the zeros' and scales' rows must be contiguous")
+    if w.words.stride()[1:] != (8, 1) or w.groups.stride()[1:] != (2, 1):
+        raise ValueError("w4a16: the words' (N, 8) rows and the groups' (N, 2) rows must be contiguous")
     x = x if x.stride(1) == 1 else x.contiguous()
     split, per = split_plan(K, N, tiles)
     grid = (triton.cdiv(N, tiles.block_n), split, triton.cdiv(M, ROWS))
@@ -236,10 +255,11 @@ def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dty
     part = torch.empty(split, M, N, dtype=torch.float32, device=x.device) if split > 1 else y
     count = tile_counters(x.device, grid[0] * grid[2])
     with on(x.device):                                           # Triton launches on the current device
-        _w4a16_kernel[grid](x, w.words, w.zeros, w.scales, part, count, y if residual is None else residual, y, M, N,
-                            K, x.stride(0), w.words.stride(0), w.scales.stride(0), per, tiles.block_n,
+        _w4a16_kernel[grid](x, w.words, w.groups.view(torch.int32), part, count, y if residual is None else residual,
+                            y, M, N, K, x.stride(0), w.words.stride(0), w.groups.stride(0) // 2, per, tiles.block_n,
                             _MAGIC[x.dtype], split > 1, residual is not None, _EMULATE,
-                            num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+                            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+                            **({} if tiles.maxnreg is None or _EMULATE else {"maxnreg": tiles.maxnreg}))
     return y
 
 
@@ -252,14 +272,14 @@ DEFAULT_TILES = Tiles()            # what Int4Linear runs (benchmarks set anothe
 
 
 @torch.library.custom_op("study::w4a16_matmul", mutates_args=())
-def _w4a16_op(x: torch.Tensor, words: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
+def _w4a16_op(x: torch.Tensor, words: torch.Tensor, groups: torch.Tensor,
               residual: torch.Tensor | None = None) -> torch.Tensor:
-    return w4a16_matmul(x, PackedInt4(words, zeros, scales), DEFAULT_TILES, residual=residual)
+    return w4a16_matmul(x, PackedInt4(words, groups), DEFAULT_TILES, residual=residual)
 
 
 @_w4a16_op.register_fake
-def _(x, words, zeros, scales, residual=None):
-    return x.new_empty(x.shape[0], scales.shape[1])
+def _(x, words, groups, residual=None):
+    return x.new_empty(x.shape[0], groups.shape[1])
 
 
 class Int4Linear(torch.nn.Module):
@@ -272,7 +292,7 @@ class Int4Linear(torch.nn.Module):
 
     def __init__(self, w: PackedInt4):
         super().__init__()
-        self.in_features, self.out_features = w.words.shape[0] * 64, w.scales.shape[1]
+        self.in_features, self.out_features = w.words.shape[0] * 64, w.groups.shape[1]
         for name, t in w._asdict().items():
             self.register_buffer(name, t)
         tile_counters(w.words.device, 0)
@@ -291,20 +311,20 @@ class Int4Linear(torch.nn.Module):
         start = 0
         for m in modules:
             cols = slice(start, start + m.out_features)
-            m.words, m.zeros, m.scales = fused.words[:, cols], fused.zeros[:, cols], fused.scales[:, cols]
+            m.words, m.groups = fused.words[:, cols], fused.groups[:, cols]
             start = cols.stop
         return fused
 
     @property
     def packed(self) -> PackedInt4:
-        return PackedInt4(self.words, self.zeros, self.scales)
+        return PackedInt4(self.words, self.groups)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         # inference only: the op has no gradient, so x is detached (a compiled layer whose inputs require grad
         # would otherwise trace a backward through it)
         x2 = x.detach().reshape(-1, self.in_features)
         r2 = None if residual is None else residual.detach().reshape(-1, self.out_features).contiguous()
-        y = torch.ops.study.w4a16_matmul(x2, self.words, self.zeros, self.scales, r2)
+        y = torch.ops.study.w4a16_matmul(x2, self.words, self.groups, r2)
         return y.view(*x.shape[:-1], self.out_features)
 
 

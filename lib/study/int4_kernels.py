@@ -54,6 +54,12 @@ def int4_bytes(K: int, N: int) -> int:
     return K * N // 2 + K // GROUP * N * 5 // 2
 
 
+def kernel_bytes(kernel: str, K: int, N: int) -> int:
+    """Bytes a kernel reads for a (K, N) weight: fp16 for the dense one; this study's W4A16 layout keeps a column's
+    scale and zero point in one 4-byte word a group (lib/models/w4a16.py); the others read AWQ's int4_bytes."""
+    return {"dense_fp16": K * N * 2, "w4a16": K * N // 2 + K // GROUP * N * 4}.get(kernel, int4_bytes(K, N))
+
+
 def random_awq(K: int, N: int, device) -> tuple:
     """AWQ GEMM tensors of random codes, zero points and fp16 scales: (qweight, qzeros, scales)."""
     qweight = torch.randint(-2**31, 2**31, (K, N // 8), dtype=torch.int32, device=device)
@@ -159,7 +165,7 @@ def kernel_bench(kernel: str, shapes: dict, dev, iters: int, tuned: str = "") ->
         torch.manual_seed(K * 7 + N)
         awq = random_awq(K, N, dev)
         make = kernel_call(kernel, awq, K, N)
-        nbytes = K * N * 2 if kernel == "dense_fp16" else int4_bytes(K, N)
+        nbytes = kernel_bytes(kernel, K, N)
         ref_w = dequantized(awq)                                                    # (K, N) fp32
         x16 = torch.randn(16, K, device=dev, dtype=torch.float16)
         y16 = make(x16)().clone()
