@@ -6,13 +6,11 @@ Layout: AWQ's GEMM tensors (qweight (K, N/8), qzeros (K/128, N/8) int32 in AWQ's
   words (K/64, N, 8) int32: word [2b + h, n, r] holds in bits 4j + 16t (j 0..3, t 0..1) the code of column n,
       k = 128b + 16(4h + j) + 2r + t (K-block b = one group); a program's (columns, 8) tile is contiguous,
   groups (K/128, N, 2) in the scales' dtype (fp16 or bf16): [..., 0] the group's scale, [..., 1] its zero point's
-      code (0..15) as the bits of an int16; group 128 only. A column's scale and zero point are one 4-byte word,
-      which the kernel can copy asynchronously (cp.async takes 4, 8 or 16 bytes): Triton then pipelines it with
-      the weights, where a 1-byte zero point and a 2-byte scale were plain loads whose DRAM latency each K-block
-      waited on (one H100, 8 rows: q/k/v 15.8 -> 14.2 us, o 13.6 -> 12.3, down 32.9 -> 28.9; 1.6 % more bytes).
-So one shift and one mask of a word leave the codes of k and k + 1 (neighbours in K) in its two 16-bit halves,
-which is where the tensor cores want a thread's pair of an operand, and chunk 4h + j of a K-block (16 K
-positions) is the j-th shift of 8 words.
+      code (0..15) as the bits of an int16; group 128 only. A column's scale and zero point are one 4-byte word
+      (AWQ stores 2.5 bytes: 1.6 % more bytes in all).
+So a mask of a word leaves the codes of k and k + 1 (neighbours in K) in its two 16-bit halves, which is where
+the tensor cores want a thread's pair of an operand, and chunk 4h + j of a K-block (16 K positions) is in bits
+4j.. of 8 words.
 
 Kernel (decode on an H100 is memory-bound; the int4 -> float work must stay under the load):
   * operands swapped, out^T (BLOCK_N, 16) = W^T (BLOCK_N, K) @ x^T (K, 16): the weights are the register
@@ -21,7 +19,13 @@ Kernel (decode on an H100 is memory-bound; the int4 -> float work must stay unde
     row alone). M > 16 runs in tiles of 16 rows (grid axis 2), e.g. a prefill;
   * int4 -> float without a conversion: a code c OR-ed into the bit pattern of 1024.0 (fp16, 0x6400) or 128.0
     (bf16, 0x4300) is that float plus c, since its unit in the last place is 1. One lop3 does (word & 0x000F000F)
-    | magic for two codes, one sub.{f16,bf16}x2 takes (magic + z) off both: q - z, exact (inline PTX);
+    | magic for two codes, one sub.{f16,bf16}x2 takes (magic + z) off both: q - z, exact (inline PTX). In fp16
+    an odd chunk needs no shift (marlin's trick): its codes OR-ed into 1024.0 four bits up give 1024 + 16c, and
+    one fma (/16, - (64 + z)) leaves c - z; one shift by 8 a word serves chunks 2 and 3 (bf16's 7-bit mantissa has
+    no room for that: one shift a chunk);
+  * the scale-and-zero word of a group is 4 bytes, which cp.async can copy: Triton pipelines it with the weights
+    (num_stages), where a 1-byte zero point and a 2-byte scale were plain loads whose DRAM latency each K-block
+    waited on;
   * the eight chunks of a K-block (16 K positions each) are joined into one (BLOCK_N, 128) operand in natural K
     order and multiplied by ONE dot (K = 128): one fence and one wait a K-block, where eight chained K = 16 dots
     drained the tensor-core pipe eight times (and took 15-18 % longer on one H100; the outputs are bit-equal);
@@ -31,13 +35,14 @@ Kernel (decode on an H100 is memory-bound; the int4 -> float work must stay unde
     several ranges each writes fp32 partials (split, M, N), and the last to finish (a counter per tile) adds
     them in the order s = 0, 1, ...: deterministic, one launch. The split comes from (N, K) only, never from M;
   * a residual (the layer's stream) can be added to the fp32 sum before its one rounding, in the epilogue.
-Measured (one H100, notebook 02's table, b367605): a Qwen3-32B layer's four projections take 118 us at one row and
-122 us at 16 (int4 floor 87 us at the copy bandwidth; gptqmodel's marlin 126 and 134): gate/up at 81 % of the copy,
-down at 71-73 %, q/k/v and o at 55-61 % (about 6 us each above the floor at any row count: the ramp-up of one wave
-and the split-K tail). Compiled offline (sm_90a, Triton 3.9, ptxas 12.9, default tiles): 80 registers with split-K
-(6 programs an SM), 72 without (7), and a K-block loop of 226 warp instructions for 2,048 weights a warp; the
-permute to natural K order costs no instruction. The eight-dot kernel before it: 319 instructions, 48 registers,
-137-166 us a layer.
+Measured (one H100, the int4 table of outputs/h100awq/int4_kernels.json, 3eb7d0c): a Qwen3-32B layer's four
+projections take 104 us at one row and 109 us at 16 (floor 86 us: AWQ's bytes at the copy bandwidth; gptqmodel's
+marlin 125 and 134): gate/up at 93 % of that floor's speed, down 82 %, q/k/v 67 %, o 62 % (their fixed cost: the
+ramp-up of one wave and the split-K tail). Before the scale-and-zero word and the fp16 shift trick (b367605): 118 and
+122 us. Compiled offline (sm_90a, Triton 3.9, ptxas 12.9, default tiles): 72 registers (7 programs an SM; ptxas
+alone takes 77-78, 6 an SM), a K-block loop of 221 warp instructions for 2,048 weights a warp (226 before); ncu on
+gate/up: issue slots busy 70 % of the time (63 % before), DRAM at 70 % of its peak. The eight-dot kernel before
+these: 319 instructions, 48 registers, 137-166 us a layer.
 Tried and dropped with the eight-dot kernel (one H100, h100awq target step, interleaved; a development script at
 d3184b8, not in outputs/): programmatic dependent launch, each matmul launched during the kernel before it and
 prefetching its first K-blocks of weights into L2: 12.32 ms a step without the prefetch, 12.63 with 2 K-blocks,
@@ -59,7 +64,7 @@ from ..engine.kernels import counters
 from .quantize import GROUP, as_int32, unpack
 
 ROWS = 16                          # activation rows of one program (the wgmma's N)
-# split-K: enough K ranges for about 640 programs, all resident at once on an H100 (132 SMs, 6 programs an SM)
+# split-K: enough K ranges for about 640 programs, all resident at once on an H100 (132 SMs, 7 programs an SM)
 # One H100, 8 rows, the 32B decode shapes, interleaved: the best of the splits tried for q/k/v (4 ranges; 1, 2, 8
 # tried), o (8; 4, 16), gate/up (1; 2, 4, 8: 4 was 6 % slower) and down (8; 16 was 11 % slower)
 PROGRAMS = 640
