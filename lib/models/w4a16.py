@@ -35,9 +35,9 @@ Kernel (decode on an H100 is memory-bound; the int4 -> float work must stay unde
     several ranges each writes fp32 partials (split, M, N), and the last to finish (a counter per tile) adds
     them in the order s = 0, 1, ...: deterministic, one launch. The split comes from (N, K) only, never from M;
   * a residual (the layer's stream) can be added to the fp32 sum before its one rounding, in the epilogue.
-Measured (one H100, the int4 table of outputs/h100awq/int4_kernels.json, 3eb7d0c): a Qwen3-32B layer's four
-projections take 104 us at one row and 109 us at 16 (floor 86 us: AWQ's bytes at the copy bandwidth; gptqmodel's
-marlin 125 and 134): gate/up at 93 % of that floor's speed, down 82 %, q/k/v 67 %, o 62 % (their fixed cost: the
+Measured (one H100, the int4 table of outputs/h100awq/int4_kernels.json, 68faadc): a Qwen3-32B layer's four
+projections take 104 us at one row and 110 us at 16 (floor 87 us: AWQ's bytes at the copy bandwidth; gptqmodel's
+marlin 125 and 134): gate/up at 93 % of that floor's speed, down 83 %, q/k/v 68 %, o 62 % (their fixed cost: the
 ramp-up of one wave and the split-K tail). Before the scale-and-zero word and the fp16 shift trick (b367605): 118 and
 122 us. Compiled offline (sm_90a, Triton 3.9, ptxas 12.9, default tiles): 72 registers (7 programs an SM; ptxas
 alone takes 77-78, 6 an SM), a K-block loop of 221 warp instructions for 2,048 weights a warp (226 before); ncu on
