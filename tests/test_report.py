@@ -637,8 +637,12 @@ def test_gemlite_starts_from_and_keeps_its_tuned_configs(tmp_path, monkeypatch):
 
 def test_int4_kernel_table_only_for_awq_targets():
     from lib.config import load_profile
-    from lib.study.int4_kernels import awq_projection_shapes, int4_bytes
+    from lib.study.int4_kernels import awq_projection_shapes, int4_bytes, kernel_bytes
     shapes = awq_projection_shapes(load_profile("h100awq"))
     assert shapes == {"qkv": (5120, 10240), "o": (8192, 5120), "gate_up": (5120, 51200), "down": (25600, 5120)}
     assert awq_projection_shapes(load_profile("h100")) is None and awq_projection_shapes(load_profile("smollm2")) is None
     assert int4_bytes(256, 64) == 256 * 64 // 2 + 2 * 64 * 2 + 2 * 64 // 2      # codes, fp16 scales, 4-bit zeros
+    # what each kernel reads: AWQ's bytes, the W4A16 layout's 4-byte scale-and-zero word a group, fp16 weights
+    assert kernel_bytes("marlin", 256, 64) == kernel_bytes("gemlite", 256, 64) == int4_bytes(256, 64)
+    assert kernel_bytes("w4a16", 256, 64) == 256 * 64 // 2 + 2 * 64 * 4
+    assert kernel_bytes("dense_fp16", 256, 64) == 256 * 64 * 2
