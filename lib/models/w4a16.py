@@ -66,7 +66,8 @@ from .quantize import GROUP, as_int32, unpack
 ROWS = 16                          # activation rows of one program (the wgmma's N)
 # split-K: enough K ranges for about 640 programs, all resident at once on an H100 (132 SMs, 7 programs an SM)
 # One H100, 8 rows, the 32B decode shapes, interleaved: the best of the splits tried for q/k/v (4 ranges; 1, 2, 8
-# tried), o (8; 4, 16), gate/up (1; 2, 4, 8: 4 was 6 % slower) and down (8; 16 was 11 % slower)
+# tried), o (8; 4, 16), gate/up (1; 2, 4, 8: 4 was 6 % slower) and down (8; 16 was 11 % slower); the same with the
+# scale-and-zero word at 1 and 8 rows (q/k/v 2-8, o 4-16, gate/up 1-2, down 4-16 tried; 3 stages best of 2-4)
 PROGRAMS = 640
 MAX_SPLIT = 16                     # K ranges at most (partials cost M * N * 4 bytes a range)
 _MAGIC = {torch.float16: 0x6400, torch.bfloat16: 0x4300}      # 1024.0 (fp16) and 128.0 (bf16)
@@ -86,7 +87,8 @@ class Tiles:
     num_warps: int = 4
     num_stages: int = 3
     maxnreg: int | None = 72       # registers a thread (None: ptxas's choice, 77-78 here: 6 programs an SM, and
-                                   # gate/up's 800 programs a second wave); 72 fits 7 an SM and spills nothing
+                                   # gate/up's 800 programs a second wave); 72 fits 7 an SM (fp16: no spill; bf16
+                                   # with split-K: 8 bytes)
 
 
 @triton.jit
