@@ -44,6 +44,19 @@ def test_fused_step_is_the_reference_step(pair, llama, which):
     torch.testing.assert_close(fused.cache.v, ref.cache.v, rtol=1e-5, atol=1e-5)
 
 
+def test_a_two_token_call_of_a_fused_runner_is_two_fused_steps(pair):
+    """A round's catch-up after a full acceptance (2 tokens) runs as two fused steps: the bits of two 1-token calls
+    (the step's output buffer is reused, so the first position must be kept apart)."""
+    a, b = Runner(pair[1], LEN, Acceleration(fused=True)), Runner(pair[1], LEN, Acceleration(fused=True))
+    ids = torch.randint(3, 200, (12,), generator=torch.Generator().manual_seed(3))
+    for r in (a, b):
+        r.prefill(ids[None, :10])
+    both = a.forward(ids[None, 10:12], 10)
+    one = torch.cat([b.forward(ids[None, 10:11], 10).clone(), b.forward(ids[None, 11:12], 11)], dim=1)
+    assert both.shape == (1, 2, pair[1].config.hidden_size) and torch.equal(both, one)
+    assert torch.equal(a.cache.k, b.cache.k) and torch.equal(a.cache.v, b.cache.v)
+
+
 def test_attention_programs_of_one_or_all_query_heads_of_a_kv_head_give_the_same_step(llama):
     """3 query heads a KV head (as SmolLM2): a program for each, or one for all three: the same bits."""
     r = Runner(llama, LEN, Acceleration(fused=True))

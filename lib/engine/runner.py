@@ -93,6 +93,9 @@ class Runner:
         n = ids.shape[1]
         if n == 1 and self.decode is not None:
             return self.decode(ids, start)                                                  # the fused step
+        if n == 2 and self.decode is not None:          # a round's catch-up after a full acceptance: two fused steps
+            first = self.decode(ids[:, :1], start).clone()                                  # (its buffer is reused)
+            return torch.cat([first, self.decode(ids[:, 1:], start + 1)], dim=1)
         pos = start + self.arange[:n]                                                       # (n,)
         kernels = self.kernels if n <= TRITON_LAYER_ROWS else None
         mask = None if kernels else self.arange[None, :] <= pos[:, None]                     # (n,max_len) causal
