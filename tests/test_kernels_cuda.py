@@ -142,3 +142,40 @@ def test_w4a16_compiled_is_exact_and_batch_invariant(dtype):
         assert ((y32 - ref).norm() / ref.norm()).item() <= 1e-5
         assert torch.equal(w4a16_matmul(x, w, tiles), y32.to(dtype))         # the fp32 sum, rounded once
         assert torch.equal(w4a16_matmul(x[4:5], w, tiles), w4a16_matmul(x, w, tiles)[4:5])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_w4a16_glu_epilogue_compiled(dtype):
+    """silu(gate) * up in the compiled kernel's epilogue: gate and up rounded as the separate matmuls round them, the
+    product within a rounding of torch's; a row of a 9-row call bitwise that row alone; with and without split-K."""
+    from lib.models.w4a16 import Tiles, concat, pack_awq, w4a16_matmul
+    from lib.study.int4_kernels import random_awq
+    torch.manual_seed(8)
+    K, N = 1024, 320
+    wg, wu = (pack_awq(q, z, s.to(dtype)) for q, z, s in (random_awq(K, N, DEV), random_awq(K, N, DEV)))
+    x = torch.randn(9, K, device=DEV, dtype=dtype)
+    for tiles in (Tiles(), Tiles(split_k=1), Tiles(block_n=128, split_k=3)):
+        gate, up = w4a16_matmul(x, wg, tiles), w4a16_matmul(x, wu, tiles)
+        y = w4a16_matmul(x, concat([wg, wu]), tiles, glu=True)
+        want = torch.nn.functional.silu(gate.float()).to(dtype).float() * up.float()
+        torch.testing.assert_close(y.float(), want, rtol=1e-2 if dtype == torch.bfloat16 else 2e-3, atol=1e-5)
+        assert torch.equal(w4a16_matmul(x[4:5], concat([wg, wu]), tiles, glu=True), y[4:5])
+
+
+def test_rope_cache_on_the_gpu(pair):
+    """q/k norms, RoPE and the cache write in one kernel, against the torch path (fp16)."""
+    import copy
+    from lib.engine import layer_kernels
+    from lib.engine.layer import rope_cache
+    att = copy.deepcopy(pair[0].model.layers[0].self_attn).to(DEV, torch.float16)
+    fused = {"qkv": torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).detach(),
+             "qkv_sizes": [m.out_features for m in (att.q_proj, att.k_proj, att.v_proj)]}
+    hd, hkv = att.head_dim, att.config.num_key_value_heads
+    h, pos = torch.randn(1, 8, att.config.hidden_size, device=DEV, dtype=torch.float16), torch.arange(20, 28, device=DEV)
+    cos, sin = torch.randn(8, hd, device=DEV, dtype=torch.float16), torch.randn(8, hd, device=DEV, dtype=torch.float16)
+    caches = [[torch.zeros(1, hkv, 40, hd, device=DEV, dtype=torch.float16) for _ in "kv"] for _ in "ab"]
+    want = rope_cache(att, fused, h, cos, sin, caches[0], pos)
+    got = layer_kernels.TritonLayer.rope_cache(att, h @ fused["qkv"].T, cos, sin, caches[1], pos)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    for a, b in zip(*caches):
+        torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)

@@ -74,6 +74,30 @@ def test_rms_norm_is_the_models_module(pair, add):
     torch.testing.assert_close(h, module(s), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("qk_norm", [True, False], ids=["qwen3", "llama"])
+def test_rope_cache_is_the_torch_path(pair, qk_norm):
+    """q/k norms (Qwen3 only), RoPE and the cache write in one kernel: q as lib/engine/layer.py's torch path makes
+    it, k and v written at the rows' positions and nowhere else."""
+    from lib.engine.layer import rope_cache
+    att = copy.deepcopy(pair[0].model.layers[0].self_attn)
+    if not qk_norm:
+        del att.q_norm, att.k_norm
+    cfg, hd = att.config, att.head_dim
+    fused = {"qkv": torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).detach(),
+             "qkv_sizes": [m.out_features for m in (att.q_proj, att.k_proj, att.v_proj)]}
+    g = torch.Generator().manual_seed(7)
+    h, pos = torch.randn(1, 3, cfg.hidden_size, generator=g), torch.tensor([9, 10, 11])
+    cos, sin = torch.randn(3, hd, generator=g), torch.randn(3, hd, generator=g)
+    caches = [[torch.randn(1, cfg.num_key_value_heads, 16, hd, generator=g) for _ in "kv"] for _ in "ab"]
+    caches[1] = [c.clone() for c in caches[0]]
+    want = rope_cache(att, fused, h, cos, sin, caches[0], pos)
+    got = layer_kernels.TritonLayer.rope_cache(att, h @ fused["qkv"].T, cos, sin, caches[1], pos)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(*caches):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+        assert torch.equal(b[:, :, :9], a[:, :, :9]) and torch.equal(b[:, :, 12:], a[:, :, 12:])
+
+
 def test_the_runner_takes_the_kernels_where_it_can_and_says_so(pair):
     target, draft = pair
     plain, fast = Runner(target, 40), Runner(target, 40, Acceleration(triton_layers=True))

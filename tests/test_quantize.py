@@ -129,7 +129,7 @@ def test_ensure_synthetic_writes_the_awq_target(monkeypatch, tmp_path):
 
 
 def test_runner_compiles_around_quantised_projections(written):
-    """The AWQ modules are called opaquely (lib.engine.runner.project): the compiled layer function, graph-broken
+    """The AWQ modules are called opaquely (lib.engine.layer.project): the compiled layer function, graph-broken
     at each of them, gives the eager runner's hidden states and tokens."""
     pytest.importorskip("gptqmodel")
     from lib.engine.runner import Acceleration, Runner

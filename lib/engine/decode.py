@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..bench import on
-from .kernels import _combine_splits, _launch_next, _wait, launches
+from .kernels import _combine_splits, _launch_next, _qkv_heads, _wait, launches
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"          # Triton's CPU interpreter (tests)
 
@@ -72,31 +72,6 @@ def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, ids_ptr, res_ptr, eps, N, K: tl.c
     if RESIDUAL:
         y = (res.to(tl.float32) + y.to(tl.float32)).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows, y, mask=rows < N)
-
-
-@triton.jit
-def _qkv_heads(ptr, k_at, v_at, q_at, kn, kn_rot, qn, qn_rot, cos, sin, eps, HD: tl.constexpr, NORM: tl.constexpr):
-    """This step's k, v and one q head (HD,) at ptr + k_at, v_at, q_at: k and q RMS-normed with weights kn, qn if NORM
-    (Qwen3; _rot: rotated by HD/2), then rotated (RoPE, rotate-half); v as stored. The three are one (HD, 4) tensor
-    (k, v, q, q) whose norms are one reduction, so their loads are one L2 round trip after the wait (head by head,
-    the compiler issued q's load only after k's norm)."""
-    d, c = tl.arange(0, HD), tl.arange(0, 4)[None, :]
-    at = tl.where(c == 0, k_at, tl.where(c == 1, v_at, q_at))
-    x = tl.load(ptr + at + d[:, None])
-    xr = tl.load(ptr + at + ((d + HD // 2) % HD)[:, None])                # each element's rotate-half partner
-    y, yr = x, xr
-    if NORM:
-        xf = x.to(tl.float32)
-        r = tl.rsqrt(tl.sum(xf * xf, 0) / HD + eps)[None, :]
-        y = (xf * r).to(x.dtype) * tl.where(c == 0, kn[:, None], qn[:, None])
-        yr = (xr.to(tl.float32) * r).to(x.dtype) * tl.where(c == 0, kn_rot[:, None], qn_rot[:, None])
-    sign = tl.where(d < HD // 2, -1.0, 1.0)[:, None]
-    out = (y.to(tl.float32) * cos[:, None] + sign * yr.to(tl.float32) * sin[:, None]).to(x.dtype)
-    kq, _ = tl.split(tl.reshape(out, (HD, 2, 2)))                            # columns (k, q) of (k, v, q, q)
-    _, vq = tl.split(tl.reshape(x, (HD, 2, 2)))                              # columns (v, q)
-    k, q = tl.split(kq)
-    v, _ = tl.split(vq)
-    return k, v, q
 
 
 @triton.jit

@@ -1,6 +1,7 @@
 """Triton building blocks of greedy decoding for one hidden state (GPU, or CPU under TRITON_INTERPRET=1), and the
 dense head: one launch of G programs that each score R rows of W; the last to finish writes the argmax.
-FlashHead's kernels (flash_kernels.py) and the fused body (decode.py) are built from these.
+FlashHead's kernels (flash_kernels.py), the fused body (decode.py) and the layer kernels
+(layer_kernels.py) are built from these.
 
 Tie rule (both heads): scores and logits are fp32 dot products of the bf16/fp32 inputs, accumulated in
 fp32 (-0.0 counts as +0.0; NaN is not handled). Probes are the p clusters with the largest scores, ties
@@ -64,6 +65,31 @@ def _combine_splits(ml_ptr, part_ptr, rows, live, d):
                  cache_modifier=".cg")
     w = tl.exp(ms - tl.max(ms, 0))
     return tl.sum(w[:, None] * vs, 0) / tl.sum(w * ls, 0)
+
+
+@triton.jit
+def _qkv_heads(ptr, k_at, v_at, q_at, kn, kn_rot, qn, qn_rot, cos, sin, eps, HD: tl.constexpr, NORM: tl.constexpr):
+    """This step's k, v and one q head (HD,) at ptr + k_at, v_at, q_at: k and q RMS-normed with weights kn, qn if NORM
+    (Qwen3; _rot: rotated by HD/2), then rotated (RoPE, rotate-half); v as stored. The three are one (HD, 4) tensor
+    (k, v, q, q) whose norms are one reduction, so their loads are one L2 round trip after the wait (head by head,
+    the compiler issued q's load only after k's norm)."""
+    d, c = tl.arange(0, HD), tl.arange(0, 4)[None, :]
+    at = tl.where(c == 0, k_at, tl.where(c == 1, v_at, q_at))
+    x = tl.load(ptr + at + d[:, None])
+    xr = tl.load(ptr + at + ((d + HD // 2) % HD)[:, None])                # each element's rotate-half partner
+    y, yr = x, xr
+    if NORM:
+        xf = x.to(tl.float32)
+        r = tl.rsqrt(tl.sum(xf * xf, 0) / HD + eps)[None, :]
+        y = (xf * r).to(x.dtype) * tl.where(c == 0, kn[:, None], qn[:, None])
+        yr = (xr.to(tl.float32) * r).to(x.dtype) * tl.where(c == 0, kn_rot[:, None], qn_rot[:, None])
+    sign = tl.where(d < HD // 2, -1.0, 1.0)[:, None]
+    out = (y.to(tl.float32) * cos[:, None] + sign * yr.to(tl.float32) * sin[:, None]).to(x.dtype)
+    kq, _ = tl.split(tl.reshape(out, (HD, 2, 2)))                            # columns (k, q) of (k, v, q, q)
+    _, vq = tl.split(tl.reshape(x, (HD, 2, 2)))                              # columns (v, q)
+    k, q = tl.split(kq)
+    v, _ = tl.split(vq)
+    return k, v, q
 
 
 @triton.jit

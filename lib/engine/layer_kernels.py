@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..bench import on
-from .kernels import _combine_splits, counters
+from .kernels import _combine_splits, _qkv_heads, counters
 
 SPLIT = 256                     # cache positions an attention program takes
 BLOCK = 128                     # positions a step of its loop scores
@@ -123,6 +123,61 @@ def _(q, k_cache, v_cache, pos):
 
 
 @triton.jit
+def _layer_rope_cache(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, q_ptr, eps, L, row,
+                      HQ: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NORM: tl.constexpr):
+    """Program (r, a): query head a of row r (of the q/k/v projection's rows, `row` apart) RMS-normed (Qwen3) and
+    rotated into q (n, HQ, HD); the first query head of each KV head also writes that head's k (normed, rotated)
+    and v into the caches at the row's position."""
+    r, a = tl.program_id(0), tl.program_id(1)
+    h, d = a // G, tl.arange(0, HD)
+    rot = (d + HD // 2) % HD
+    cos = tl.load(cos_ptr + r * HD + d).to(tl.float32)
+    sin = tl.load(sin_ptr + r * HD + d).to(tl.float32)
+    qn, qn_rot = tl.load(qn_ptr + d), tl.load(qn_ptr + rot)
+    kn, kn_rot = tl.load(kn_ptr + d), tl.load(kn_ptr + rot)
+    k, v, q = _qkv_heads(qkv_ptr + r * row, (HQ + h) * HD, (HQ + HQ // G + h) * HD, a * HD, kn, kn_rot, qn, qn_rot,
+                         cos, sin, eps, HD, NORM)
+    tl.store(q_ptr + (r * HQ + a) * HD + d, q)
+    if a % G == 0:
+        at = (h.to(tl.int64) * L + tl.load(pos_ptr + r)) * HD + d
+        tl.store(kc_ptr + at, k)
+        tl.store(vc_ptr + at, v)
+
+
+def rope_cache(qkv: torch.Tensor, norms: list[torch.Tensor], rope: list[torch.Tensor], caches: list[torch.Tensor],
+               pos: torch.Tensor, eps: float) -> torch.Tensor:
+    """qkv (1, n, (HQ + 2 Hkv) hd), a q/k/v projection's output: q and k RMS-normed with norms = [q_norm, k_norm]
+    (Qwen3; []: Llama) and rotated by rope = [cos, sin] (n, hd) (RoPE, rotate-half, in fp32, rounded once); k and v
+    written into caches = [k_cache, v_cache] (1, Hkv, L, hd) at positions pos (n,). Returns q (1, HQ, n, hd), the
+    layout attention reads."""
+    (cos, sin), (k_cache, v_cache) = rope, caches
+    n, (_, Hkv, L, HD) = qkv.shape[1], k_cache.shape
+    heads = qkv.shape[2] // HD - 2 * Hkv
+    if heads < Hkv or heads % Hkv or qkv.shape[2] % HD or k_cache.stride()[1:] != (L * HD, HD, 1):
+        raise ValueError(f"rope_cache: q/k/v of {qkv.shape[2]} columns for {Hkv} KV heads of {HD} (and a multiple "
+                         f"of them for q), caches {tuple(k_cache.shape)} contiguous per KV head")
+    qkv = qkv.contiguous()
+    q = torch.empty(1, n, heads, HD, dtype=qkv.dtype, device=qkv.device)
+    qn, kn = norms or (cos, cos)
+    with on(qkv.device):
+        _layer_rope_cache[(n, heads)](qkv, qn, kn, cos.contiguous(), sin.contiguous(), k_cache, v_cache, pos, q, eps,
+                                      L, qkv.stride(1), heads, heads // Hkv, HD, bool(norms), num_warps=1)
+    return q.transpose(1, 2)
+
+
+@torch.library.custom_op("study::rope_cache", mutates_args=("caches",))
+def _rope_cache_op(qkv: torch.Tensor, norms: list[torch.Tensor], rope: list[torch.Tensor], caches: list[torch.Tensor],
+                   pos: torch.Tensor, eps: float) -> torch.Tensor:
+    return rope_cache(qkv, norms, rope, caches, pos, eps)
+
+
+@_rope_cache_op.register_fake
+def _(qkv, norms, rope, caches, pos, eps):
+    hd, hkv = caches[0].shape[-1], caches[0].shape[1]
+    return qkv.new_empty(1, qkv.shape[1], qkv.shape[2] // hd - 2 * hkv, hd).transpose(1, 2)
+
+
+@triton.jit
 def _layer_rms_norm(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, eps, D, BD: tl.constexpr, ADD: tl.constexpr):
     """Row r: out = w * RMSNorm(x (+ y)), the sum stored to sum_ptr where ADD."""
     r = tl.program_id(0).to(tl.int64)
@@ -172,7 +227,15 @@ def _(x, y, weight, eps):
 
 
 class TritonLayer:
-    """What lib/engine/runner.py's layer_forward calls in place of SDPA and the norm modules."""
+    """What lib/engine/layer.py's layer_forward calls in place of SDPA, the norm modules and RoPE."""
+
+    @staticmethod
+    def rope_cache(att, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple,
+                   pos: torch.Tensor) -> torch.Tensor:
+        """q (1, HQ, n, hd) of the attention module `att` (its q/k norms where it has them), k and v cached."""
+        qk = hasattr(att, "q_norm")
+        norms = [att.q_norm.weight, att.k_norm.weight] if qk else []
+        return torch.ops.study.rope_cache(qkv, norms, [cos, sin], list(kv), pos, att.q_norm.variance_epsilon if qk else 0.)
 
     @staticmethod
     def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
