@@ -174,6 +174,7 @@ KERNEL_KINDS = (("LM head (Triton)", ("_flash_scores", "_flash_probes", "_flash_
                 ("W4A16 int4 GEMM (Triton)", ("_w4a16_kernel",)),
                 ("layer attention (Triton)", ("_layer_attention",)),
                 ("layer norm (Triton)", ("_layer_rms_norm",)),
+                ("layer q/k norms, RoPE and cache write (Triton)", ("_layer_rope_cache",)),
                 ("GEMV fused with norms and elementwise ops (compiled)", ("_mm_",)),
                 ("GEMV/GEMM", ("gemv", "gemm", "nvjet", "xmma", "cutlass", "marlin", "splitk", "cublas", "addmm", "aten::mm")),
                 ("fused elementwise and norms (compiled)", ("triton",)),

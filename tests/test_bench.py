@@ -194,6 +194,7 @@ def test_kernel_kinds_name_hopper_gemms_and_compiled_fusions():
         "fused elementwise and norms (compiled)"                                 # inductor's fusion named after the op
     assert kernel_kind("_layer_attention") == "layer attention (Triton)"
     assert kernel_kind("_layer_rms_norm") == "layer norm (Triton)"
+    assert kernel_kind("_layer_rope_cache") == "layer q/k norms, RoPE and cache write (Triton)"
     assert kernel_kind("triton_per_fused__to_copy_add_cached_attention_cat_mean_mul_neg_pow_rsqrt_split") == \
         "fused elementwise and norms (compiled)"                                 # named after the custom op
 

@@ -144,24 +144,6 @@ def test_w4a16_compiled_is_exact_and_batch_invariant(dtype):
         assert torch.equal(w4a16_matmul(x[4:5], w, tiles), w4a16_matmul(x, w, tiles)[4:5])
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_w4a16_glu_epilogue_compiled(dtype):
-    """silu(gate) * up in the compiled kernel's epilogue: gate and up rounded as the separate matmuls round them, the
-    product within a rounding of torch's; a row of a 9-row call bitwise that row alone; with and without split-K."""
-    from lib.models.w4a16 import Tiles, concat, pack_awq, w4a16_matmul
-    from lib.study.int4_kernels import random_awq
-    torch.manual_seed(8)
-    K, N = 1024, 320
-    wg, wu = (pack_awq(q, z, s.to(dtype)) for q, z, s in (random_awq(K, N, DEV), random_awq(K, N, DEV)))
-    x = torch.randn(9, K, device=DEV, dtype=dtype)
-    for tiles in (Tiles(), Tiles(split_k=1), Tiles(block_n=128, split_k=3)):
-        gate, up = w4a16_matmul(x, wg, tiles), w4a16_matmul(x, wu, tiles)
-        y = w4a16_matmul(x, concat([wg, wu]), tiles, glu=True)
-        want = torch.nn.functional.silu(gate.float()).to(dtype).float() * up.float()
-        torch.testing.assert_close(y.float(), want, rtol=1e-2 if dtype == torch.bfloat16 else 2e-3, atol=1e-5)
-        assert torch.equal(w4a16_matmul(x[4:5], concat([wg, wu]), tiles, glu=True), y[4:5])
-
-
 def test_rope_cache_on_the_gpu(pair):
     """q/k norms, RoPE and the cache write in one kernel, against the torch path (fp16)."""
     import copy

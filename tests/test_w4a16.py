@@ -111,27 +111,6 @@ def test_residual_added_in_the_epilogue(tiles):
         w4a16_matmul(x, w, tiles, residual=res[:, :32])
 
 
-@pytest.mark.parametrize("tiles", [Tiles(), Tiles(block_n=64, split_k=2), Tiles(block_n=128, split_k=1)],
-                         ids=["default", "split2", "bn128"])
-def test_glu_epilogue_is_silu_gate_times_up(tiles):
-    """glu: silu(x @ gate) * (x @ up) from one call on concat([gate, up]), gate and up each rounded to fp16 as the
-    separate matmuls round them (bitwise), the product within an fp16 rounding of torch's; a ragged N/2 (72
-    columns: a half-filled tile); rows batch-invariant."""
-    (a, g), (b, _) = random_awq(21, N=72), random_awq(22, N=72)
-    wg, wu = pack_awq(*a), pack_awq(*b)
-    x = torch.randn(9, 256, generator=g).half()
-    gate, up = w4a16_matmul(x, wg, tiles), w4a16_matmul(x, wu, tiles)
-    y = w4a16_matmul(x, concat([wg, wu]), tiles, glu=True)
-    assert y.shape == (9, 72) and y.dtype == torch.float16
-    want = (torch.nn.functional.silu(gate.float()).half().float() * up.float())
-    torch.testing.assert_close(y.float(), want, rtol=2e-3, atol=1e-5)
-    assert not torch.equal(y, torch.zeros_like(y))
-    for i in (0, 4, 8):
-        assert torch.equal(w4a16_matmul(x[i:i + 1], concat([wg, wu]), tiles, glu=True)[0], y[i]), f"row {i}"
-    with pytest.raises(ValueError, match="glu: gate and up side by side"):
-        w4a16_matmul(x, wg, tiles, glu=True, residual=gate)
-
-
 def test_concatenated_projections_and_module():
     (a, ga), (b, _) = random_awq(3), random_awq(4, N=128)
     wa, wb = pack_awq(*a), pack_awq(*b)
@@ -152,8 +131,6 @@ def test_concatenated_projections_and_module():
     assert torch.equal(fused(x[None])[0], both)                   # (1, n, K) -> (1, n, N)
     assert mods[1].words.data_ptr() == fused.words[:, 64:].data_ptr()            # views of the fused tensors
     assert all(torch.equal(m(x), y) for m, y in zip(mods, alone))  # and still the same projections
-    gate_up = Int4Linear.concat([Int4Linear.from_awq(Awq(a)), Int4Linear.from_awq(Awq(random_awq(6)[0]))])
-    assert torch.equal(gate_up.silu_glu(x[None])[0], w4a16_matmul(x, gate_up.packed, glu=True))
 
 
 def test_errors():

@@ -52,11 +52,7 @@ def rope_cache(att, fused: dict, h: torch.Tensor, cos: torch.Tensor, sin: torch.
 
 
 def gated(mlp, fused: dict, h: torch.Tensor) -> torch.Tensor:
-    """act_fn(gate(h)) * up(h): in the matmul's epilogue where the fused gate/up projection offers SiLU's there
-    (lib.models.w4a16's Int4Linear: no gate/up tensor and no kernel of its own)."""
-    if fused and hasattr(fused["gate_up"], "silu_glu") and getattr(mlp, "config", None) is not None \
-            and mlp.config.hidden_act == "silu":
-        return fused["gate_up"].silu_glu(h)
+    """act_fn(gate(h)) * up(h)."""
     if fused:                                                                               # one GEMV for gate, up
         g, u = project(fused["gate_up"], h).chunk(2, dim=-1)
     else:

@@ -8,8 +8,9 @@ Layout: AWQ's GEMM tensors (qweight (K, N/8), qzeros (K/128, N/8) int32 in AWQ's
   groups (K/128, N, 2) in the scales' dtype (fp16 or bf16): [..., 0] the group's scale, [..., 1] its zero point's
       code (0..15) as the bits of an int16; group 128 only. A column's scale and zero point are one 4-byte word
       (AWQ stores 2.5 bytes: 1.6 % more bytes in all).
-So a mask of a word leaves the codes of k and k + 1 in its two 16-bit halves (a thread's operand pair for the
-tensor cores), and chunk 4h + j of a K-block (16 K positions) is in bits 4j.. of 8 words.
+So a mask of a word leaves the codes of k and k + 1 (neighbours in K) in its two 16-bit halves, which is where
+the tensor cores want a thread's pair of an operand, and chunk 4h + j of a K-block (16 K positions) is in bits
+4j.. of 8 words.
 
 Kernel (decode on an H100 is memory-bound; the int4 -> float work must stay under the load):
   * operands swapped, out^T (BLOCK_N, 16) = W^T (BLOCK_N, K) @ x^T (K, 16): the weights are the register
@@ -22,20 +23,30 @@ Kernel (decode on an H100 is memory-bound; the int4 -> float work must stay unde
     an odd chunk needs no shift (marlin's trick): its codes OR-ed into 1024.0 four bits up give 1024 + 16c, and
     one fma (/16, - (64 + z)) leaves c - z; one shift by 8 a word serves chunks 2 and 3 (bf16's 7-bit mantissa has
     no room for that: one shift a chunk);
-  * the scale-and-zero word of a group is 4 bytes, which cp.async copies: Triton pipelines it with the weights;
+  * the scale-and-zero word of a group is 4 bytes, which cp.async can copy: Triton pipelines it with the weights
+    (num_stages), where a 1-byte zero point and a 2-byte scale were plain loads whose DRAM latency each K-block
+    waited on;
   * the eight chunks of a K-block (16 K positions each) are joined into one (BLOCK_N, 128) operand in natural K
-    order and multiplied by ONE dot (K = 128): one fence and one wait a K-block;
+    order and multiplied by ONE dot (K = 128): one fence and one wait a K-block, where eight chained K = 16 dots
+    drained the tensor-core pipe eight times (and took 15-18 % longer on one H100; the outputs are bit-equal);
   * the group's scale multiplies the fp32 sum of a K-block (128 = one group) afterwards, so the only rounding is
     fp32 accumulation; the tensor cores' products of x and the integers q - z are exact;
   * split-K: program (n, s, m) covers columns n*BLOCK_N .., the s-th range of K-blocks, rows 16m ..; with
     several ranges each writes fp32 partials (split, M, N), and the last to finish (a counter per tile) adds
     them in the order s = 0, 1, ...: deterministic, one launch. The split comes from (N, K) only, never from M;
   * a residual (the layer's stream) can be added to the fp32 sum before its one rounding, in the epilogue.
-  * glu (gate/up): a program takes BLOCK_N/2 columns of gate and the same of up, and its epilogue writes
-    silu(gate) * up (M, N/2): the activation has no kernel of its own and gate/up no tensor.
-Measured (one H100, int4_kernels.json at 68faadc): a Qwen3-32B layer's projections 104 us at 1 row, 110 at 16 (floor
-87 us; marlin 125, 134). 72 registers, 221 warp instructions a K-block, issue slots 70 % busy, DRAM 70 % of peak
-(ncu): bound by issue, not memory. The README has the history and what was tried and dropped.
+Measured (one H100, the int4 table of outputs/h100awq/int4_kernels.json, 68faadc): a Qwen3-32B layer's four
+projections take 104 us at one row and 110 us at 16 (floor 87 us: AWQ's bytes at the copy bandwidth; gptqmodel's
+marlin 125 and 134): gate/up at 93 % of that floor's speed, down 83 %, q/k/v 68 %, o 62 % (their fixed cost: the
+ramp-up of one wave and the split-K tail). Before the scale-and-zero word and the fp16 shift trick (b367605): 118 and
+122 us. Compiled offline (sm_90a, Triton 3.9, ptxas 12.9, default tiles): 72 registers (7 programs an SM; ptxas
+alone takes 77-78, 6 an SM), a K-block loop of 221 warp instructions for 2,048 weights a warp (226 before); ncu on
+gate/up: issue slots busy 70 % of the time (63 % before), DRAM at 70 % of its peak. The eight-dot kernel before
+these: 319 instructions, 48 registers, 137-166 us a layer.
+Tried and dropped with the eight-dot kernel (one H100, h100awq target step, interleaved; a development script at
+d3184b8, not in outputs/): programmatic dependent launch, each matmul launched during the kernel before it and
+prefetching its first K-blocks of weights into L2: 12.32 ms a step without the prefetch, 12.63 with 2 K-blocks,
+12.92 with 4, against 12.24 ms with plain launches.
 Under TRITON_INTERPRET=1 (CPU) inline PTX cannot run, so there the same q - z come from integer arithmetic and
 the products are summed in fp32 (`_EMULATE`).
 """
@@ -53,8 +64,10 @@ from ..engine.kernels import counters
 from .quantize import GROUP, as_int32, unpack
 
 ROWS = 16                          # activation rows of one program (the wgmma's N)
-# split-K: enough K ranges for about 640 programs, all resident at once on an H100 (132 SMs, 7 programs an SM);
-# the best of the splits swept on one H100 at the 32B decode shapes, 1 and 8 rows (README: the W4A16 kernel)
+# split-K: enough K ranges for about 640 programs, all resident at once on an H100 (132 SMs, 7 programs an SM)
+# One H100, 8 rows, the 32B decode shapes, interleaved: the best of the splits tried for q/k/v (4 ranges; 1, 2, 8
+# tried), o (8; 4, 16), gate/up (1; 2, 4, 8: 4 was 6 % slower) and down (8; 16 was 11 % slower); the same with the
+# scale-and-zero word at 1 and 8 rows (q/k/v 2-8, o 4-16, gate/up 1-2, down 4-16 tried; 3 stages best of 2-4)
 PROGRAMS = 640
 MAX_SPLIT = 16                     # K ranges at most (partials cost M * N * 4 bytes a range)
 _MAGIC = {torch.float16: 0x6400, torch.bfloat16: 0x4300}      # 1024.0 (fp16) and 128.0 (bf16)
@@ -73,8 +86,9 @@ class Tiles:
     split_k: int | None = None     # K ranges (None: from N and K, see split_plan)
     num_warps: int = 4
     num_stages: int = 3
-    maxnreg: int | None = 72       # registers a thread: 7 programs an SM (ptxas alone took 77-78: 6, and gate/up's
-                                   # 800 programs ran in two waves); bf16 with split-K spills 8 bytes
+    maxnreg: int | None = 72       # registers a thread (None: ptxas's choice, 77-78 here: 6 programs an SM, and
+                                   # gate/up's 800 programs a second wave); 72 fits 7 an SM (fp16: no spill; bf16
+                                   # with split-K: 8 bytes)
 
 
 @triton.jit
@@ -120,9 +134,8 @@ def _half(words, zz, zh, BLOCK_N: tl.constexpr, DT: tl.constexpr, EMULATE: tl.co
 @triton.jit(do_not_specialize=["M"])                            # one compiled kernel for every M (M == 1 too)
 def _w4a16_kernel(x_ptr, w_ptr, g_ptr, part_ptr, count_ptr, res_ptr, out_ptr, M, N, K, stride_xm, stride_w,
                   stride_g, k_per_split, BLOCK_N: tl.constexpr, MAGIC: tl.constexpr, SPLIT: tl.constexpr,
-                  RESIDUAL: tl.constexpr, GLU: tl.constexpr, EMULATE: tl.constexpr):
-    """RESIDUAL: out = res + the product, added in fp32 and rounded once. GLU: W's columns are gate (N/2) then up
-    (N/2); a program takes BLOCK_N/2 columns of each, and out (M, N/2) = silu(gate) * up."""
+                  RESIDUAL: tl.constexpr, EMULATE: tl.constexpr):
+    """RESIDUAL: out = res + the product, added in fp32 and rounded once."""
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     rows = pid_m * 16 + tl.arange(0, 16)
@@ -130,10 +143,6 @@ def _w4a16_kernel(x_ptr, w_ptr, g_ptr, part_ptr, count_ptr, res_ptr, out_ptr, M,
     r8 = tl.arange(0, 8)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < N
-    if GLU:                                                      # two runs of BLOCK_N/2: gate's, then up's
-        i = tl.arange(0, BLOCK_N)
-        c = pid_n * (BLOCK_N // 2) + i % (BLOCK_N // 2)
-        cols, ok = c + (i // (BLOCK_N // 2)) * (N // 2), c < N // 2
     k_start = pid_k * k_per_split
     acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), 128):
@@ -170,24 +179,16 @@ def _w4a16_kernel(x_ptr, w_ptr, g_ptr, part_ptr, count_ptr, res_ptr, out_ptr, M,
             acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
             for kr in range(splits):                             # fixed order: deterministic, batch-invariant
                 acc += tl.load(part_ptr + kr * M * N + at, mask=keep, other=0.0, cache_modifier=".cg")
-            _store(out_ptr, res_ptr, at, keep, acc, rows, M, N, pid_n, BLOCK_N, RESIDUAL, GLU)
+            _store(out_ptr, res_ptr, at, keep, acc, RESIDUAL)
     else:
-        _store(out_ptr, res_ptr, at, keep, acc, rows, M, N, pid_n, BLOCK_N, RESIDUAL, GLU)
+        _store(out_ptr, res_ptr, at, keep, acc, RESIDUAL)
 
 
 @triton.jit
-def _store(out_ptr, res_ptr, at, keep, acc, rows, M, N, pid_n, BLOCK_N: tl.constexpr, RESIDUAL: tl.constexpr,
-           GLU: tl.constexpr):
-    DT: tl.constexpr = out_ptr.dtype.element_ty
-    if GLU:                                                      # acc: BLOCK_N/2 gate columns, then up's same ones
-        gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N // 2, 16)), (1, 2, 0)))
-        gate, up = gate.to(DT).to(tl.float32), up.to(DT)         # rounded as the model's modules round them
-        acc = (gate / (1.0 + tl.exp(-gate))).to(DT) * up
-        c = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        at, keep = rows[None, :] * (N // 2) + c[:, None], (rows[None, :] < M) & (c < N // 2)[:, None]
+def _store(out_ptr, res_ptr, at, keep, acc, RESIDUAL: tl.constexpr):
     if RESIDUAL:
         acc += tl.load(res_ptr + at, mask=keep, other=0.0).to(tl.float32)
-    tl.store(out_ptr + at, acc.to(DT), mask=keep)
+    tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=keep)
 
 
 # Triton picks the interpreter when the kernels are decorated, so ask the kernel rather than the environment
@@ -241,14 +242,10 @@ def split_plan(K: int, N: int, tiles: Tiles) -> tuple[int, int]:
 
 
 def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dtype: torch.dtype | None = None,
-                 residual: torch.Tensor | None = None, glu: bool = False):
-    """y (M, N) = x (M, K) @ W (+ residual (M, N)), fp32 accumulation, as out_dtype (default x's dtype). glu: W is
-    gate and up side by side (N = 2n; Int4Linear.concat's gate/up) and y (M, n) = silu(x @ gate) * (x @ up), each
-    product rounded to out_dtype first, computed in the epilogue."""
+                 residual: torch.Tensor | None = None):
+    """y (M, N) = x (M, K) @ W (+ residual (M, N)), fp32 accumulation, as out_dtype (default x's dtype)."""
     M, K = x.shape
     N = w.groups.shape[1]
-    if glu and (N % 2 or residual is not None):
-        raise ValueError(f"glu: gate and up side by side (N even, got {N}) and no residual")
     if K != w.words.shape[0] * 64 or x.dtype != w.groups.dtype:
         raise ValueError(f"x must be {w.groups.dtype} of shape (M, {w.words.shape[0] * 64}), "
                          f"got {tuple(x.shape)} {x.dtype}")
@@ -261,30 +258,35 @@ def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dty
     x = x if x.stride(1) == 1 else x.contiguous()
     split, per = split_plan(K, N, tiles)
     grid = (triton.cdiv(N, tiles.block_n), split, triton.cdiv(M, ROWS))
-    y = torch.empty(M, N // 2 if glu else N, dtype=out_dtype or x.dtype, device=x.device)
+    y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty(split, M, N, dtype=torch.float32, device=x.device) if split > 1 else y
-    count = counters(x.device, grid[0] * grid[2], "w4a16")        # the tiles' split-K counters
+    count = tile_counters(x.device, grid[0] * grid[2])
     with on(x.device):                                           # Triton launches on the current device
         _w4a16_kernel[grid](x, w.words, w.groups.view(torch.int32), part, count, y if residual is None else residual,
                             y, M, N, K, x.stride(0), w.words.stride(0), w.groups.stride(0) // 2, per, tiles.block_n,
-                            _MAGIC[x.dtype], split > 1, residual is not None, glu, _EMULATE,
+                            _MAGIC[x.dtype], split > 1, residual is not None, _EMULATE,
                             num_warps=tiles.num_warps, num_stages=tiles.num_stages,
                             **({} if tiles.maxnreg is None or _EMULATE else {"maxnreg": tiles.maxnreg}))
     return y
+
+
+def tile_counters(device: torch.device, n: int) -> torch.Tensor:
+    """The W4A16 kernel's counters (lib/engine/kernels.py: counters); Int4Linear makes them at load."""
+    return counters(device, n, "w4a16")
 
 
 DEFAULT_TILES = Tiles()            # what Int4Linear runs (benchmarks set another to compare)
 
 
 @torch.library.custom_op("study::w4a16_matmul", mutates_args=())
-def _w4a16_op(x: torch.Tensor, words: torch.Tensor, groups: torch.Tensor, residual: torch.Tensor | None = None,
-              glu: bool = False) -> torch.Tensor:
-    return w4a16_matmul(x, PackedInt4(words, groups), DEFAULT_TILES, residual=residual, glu=glu)
+def _w4a16_op(x: torch.Tensor, words: torch.Tensor, groups: torch.Tensor,
+              residual: torch.Tensor | None = None) -> torch.Tensor:
+    return w4a16_matmul(x, PackedInt4(words, groups), DEFAULT_TILES, residual=residual)
 
 
 @_w4a16_op.register_fake
-def _(x, words, groups, residual=None, glu=False):
-    return x.new_empty(x.shape[0], groups.shape[1] // (2 if glu else 1))
+def _(x, words, groups, residual=None):
+    return x.new_empty(x.shape[0], groups.shape[1])
 
 
 class Int4Linear(torch.nn.Module):
@@ -300,7 +302,7 @@ class Int4Linear(torch.nn.Module):
         self.in_features, self.out_features = w.words.shape[0] * 64, w.groups.shape[1]
         for name, t in w._asdict().items():
             self.register_buffer(name, t)
-        counters(w.words.device, 0, "w4a16")                        # made at load, outside any graph capture
+        tile_counters(w.words.device, 0)
 
     @classmethod
     def from_awq(cls, module) -> "Int4Linear":
@@ -320,17 +322,13 @@ class Int4Linear(torch.nn.Module):
             start = cols.stop
         return fused
 
-    def silu_glu(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(x @ gate) * (x @ up) of a `concat([gate, up])` module, the activation in the matmul's epilogue."""
-        y = torch.ops.study.w4a16_matmul(x.detach().reshape(-1, self.in_features), self.words, self.groups, None, True)
-        return y.view(*x.shape[:-1], self.out_features // 2)
-
     @property
     def packed(self) -> PackedInt4:
         return PackedInt4(self.words, self.groups)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        # x detached: the op has no gradient (a compiled layer would otherwise trace a backward through it)
+        # inference only: the op has no gradient, so x is detached (a compiled layer whose inputs require grad
+        # would otherwise trace a backward through it)
         x2 = x.detach().reshape(-1, self.in_features)
         r2 = None if residual is None else residual.detach().reshape(-1, self.out_features).contiguous()
         y = torch.ops.study.w4a16_matmul(x2, self.words, self.groups, r2)
