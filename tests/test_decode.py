@@ -45,8 +45,8 @@ def test_fused_step_is_the_reference_step(pair, llama, which):
 
 
 def test_a_two_token_call_of_a_fused_runner_is_two_fused_steps(pair):
-    """A round's catch-up after a full acceptance (2 tokens) runs as two fused steps: the bits of two 1-token calls
-    (the step's output buffer is reused, so the first position must be kept apart)."""
+    """A round's catch-up after a full acceptance (2 tokens) runs as one fused step that reads each weight once for
+    both tokens: the bits of two 1-token calls, and the same cache."""
     a, b = Runner(pair[1], LEN, Acceleration(fused=True)), Runner(pair[1], LEN, Acceleration(fused=True))
     ids = torch.randint(3, 200, (12,), generator=torch.Generator().manual_seed(3))
     for r in (a, b):

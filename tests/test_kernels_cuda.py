@@ -161,3 +161,21 @@ def test_rope_cache_on_the_gpu(pair):
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
     for a, b in zip(*caches):
         torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)
+
+
+def test_a_two_token_fused_step_is_two_single_steps_on_the_gpu(pair):
+    """The fused draft step fed 2 tokens (each weight read once; the second token's attention launched during the
+    first's, reading its cache entry after the wait): the bits of two 1-token steps, cache included (fp16)."""
+    import copy
+    from lib.engine.runner import Acceleration, Runner
+    model = copy.deepcopy(pair[1]).to(DEV, torch.float16)
+    a, b = (Runner(model, 96, Acceleration(fused=True)) for _ in "ab")
+    assert a.decode_path == "fused"
+    ids = torch.randint(3, 200, (1, 60), generator=torch.Generator().manual_seed(4)).to(DEV)
+    for r in (a, b):
+        r.prefill(ids[:, :40])
+    for p in range(40, 58, 2):                                       # across attention split boundaries
+        both = a.forward(ids[:, p:p + 2], p, graph=False).clone()
+        one = torch.cat([b.forward(ids[:, p + t:p + t + 1], p + t, graph=False).clone() for t in (0, 1)], dim=1)
+        assert torch.equal(both, one), p
+    assert torch.equal(a.cache.k, b.cache.k) and torch.equal(a.cache.v, b.cache.v)

@@ -36,61 +36,86 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"          # Triton's CPU in
 @triton.jit
 def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, ids_ptr, res_ptr, eps, N, K: tl.constexpr, BK: tl.constexpr,
                  BN: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, EMBED: tl.constexpr,
-                 PDL: tl.constexpr):
-    """out[rows] = W[rows] @ a for BN rows a program; a = RMSNorm(x) * g if NORM else x. GLU: W holds gate rows
-    then up rows (2N, K) and out = silu(gate) * up. RESIDUAL: out[rows] += (out is the residual stream).
-    EMBED (the first layer's q/k/v): x is row ids[0] of the embedding table at x_ptr, which program 0 also writes
-    to res_ptr as the residual stream's start (no lookup kernel of its own between the head and this one)."""
+                 PDL: tl.constexpr, T: tl.constexpr):
+    """out[t, rows] = W[rows] @ a_t for BN rows a program and each of the T (1 or 2) tokens t; a_t = RMSNorm(x_t) * g
+    if NORM else x_t. GLU: W holds gate rows then up rows (2N, K) and out = silu(gate) * up. RESIDUAL:
+    out[t, rows] += (out is the residual stream). EMBED (the first layer's q/k/v): x_t is row ids[t] of the
+    embedding table at x_ptr, which program 0 also writes to res_ptr as the residual stream's start (no lookup kernel
+    of its own between the head and this one). Two tokens read the weights once."""
     _launch_next(PDL)
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     cols = tl.arange(0, BK)
     ok = (rows < N)[:, None] & (cols < K)[None, :]
     w = tl.load(w_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], mask=ok, other=0.0)
+    u = w
     if GLU:
         u = tl.load(w_ptr + (rows + N).to(tl.int64)[:, None] * K + cols[None, :], mask=ok, other=0.0)
+    g = cols
     if NORM:
         g = tl.load(g_ptr + cols, mask=cols < K, other=0.0)      # a weight too: read before the wait
     _wait(PDL)                                                    # weights in flight; now the activations
+    x, res = _gemv_input(x_ptr, ids_ptr, res_ptr, out_ptr, rows, cols, 0, N, K, RESIDUAL, EMBED)
+    if T == 2:                                                    # both tokens' loads issued before any sum
+        x1, res1 = _gemv_input(x_ptr, ids_ptr, res_ptr, out_ptr, rows, cols, 1, N, K, RESIDUAL, EMBED)
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    tl.store(out_ptr + rows, _gemv_output(x, res, w, u, g, eps, K, NORM, GLU, RESIDUAL, DT), mask=rows < N)
+    if T == 2:
+        tl.store(out_ptr + N + rows, _gemv_output(x1, res1, w, u, g, eps, K, NORM, GLU, RESIDUAL, DT), mask=rows < N)
+
+
+@triton.jit
+def _gemv_input(x_ptr, ids_ptr, res_ptr, out_ptr, rows, cols, t, N, K: tl.constexpr, RESIDUAL: tl.constexpr,
+                EMBED: tl.constexpr):
+    """Token t's activations (BK,) and, where RESIDUAL, its residual-stream entries at rows (issued beside them,
+    not after the dot)."""
     if EMBED:
-        x = tl.load(x_ptr + tl.load(ids_ptr) * K + cols, mask=cols < K, other=0.0)
+        x = tl.load(x_ptr + tl.load(ids_ptr + t) * K + cols, mask=cols < K, other=0.0)
         if tl.program_id(0) == 0:
-            tl.store(res_ptr + cols, x, mask=cols < K)
+            tl.store(res_ptr + t * K + cols, x, mask=cols < K)
     else:
-        x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
-    if RESIDUAL:                                                  # issued beside x, not after the dot
-        res = tl.load(out_ptr + rows, mask=rows < N)
+        x = tl.load(x_ptr + t * K + cols, mask=cols < K, other=0.0)
+    res = rows
+    if RESIDUAL:
+        res = tl.load(out_ptr + t * N + rows, mask=rows < N)
+    return x, res
+
+
+@triton.jit
+def _gemv_output(x, res, w, u, g, eps, K: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr,
+                 RESIDUAL: tl.constexpr, DT: tl.constexpr):
     if NORM:                                                      # HF RMSNorm: fp32, to dtype, times weight
         xf = x.to(tl.float32)
         r = tl.rsqrt(tl.sum(xf * xf, 0) / K + eps)
         x = (xf * r).to(x.dtype) * g
     xf = x.to(tl.float32)[None, :]
-    y = tl.sum(w.to(tl.float32) * xf, 1).to(out_ptr.dtype.element_ty)
+    y = tl.sum(w.to(tl.float32) * xf, 1).to(DT)
     if GLU:                                                       # act_fn(gate) * up, each rounded as HF does
         gate = y.to(tl.float32)
-        up = tl.sum(u.to(tl.float32) * xf, 1).to(out_ptr.dtype.element_ty)
+        up = tl.sum(u.to(tl.float32) * xf, 1).to(DT)
         y = (gate / (1.0 + tl.exp(-gate))).to(up.dtype) * up
     if RESIDUAL:
-        y = (res.to(tl.float32) + y.to(tl.float32)).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + rows, y, mask=rows < N)
+        y = (res.to(tl.float32) + y.to(tl.float32)).to(DT)
+    return y
 
 
 @triton.jit
 def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, ml_ptr,
                       count_ptr, out_ptr, eps, scale, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
                       HD: tl.constexpr, S: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, L,
-                      NORM: tl.constexpr, PDL: tl.constexpr):
+                      NORM: tl.constexpr, PDL: tl.constexpr, ROW: tl.constexpr):
     """Program (a, s): query heads a*GP..a*GP+GP-1 (GP of the G sharing KV head h), positions s*S..s*S+S-1 of the
     L-position cache. Older positions come from the cache, the new one from this step's k, v (the first program
     of h owning it also caches them); each stores (max, sum, weighted V) per query head; the last of the NS
     programs of a to finish combines them into out (HQ*HD) in split order. Programs of splits past the new
     position only count themselves, and the combination reads only the splits up to it: the step's cost grows
-    with the position, not with the cache's length L."""
+    with the position, not with the cache's length L. ROW 1: the second token of a two-token step, one position
+    on, whose previous position the launch before this one (ROW 0) cached: its tile is read after the wait."""
     _launch_next(PDL)
     a, s = tl.program_id(0), tl.program_id(1)
     h = a * GP // G
     d = tl.arange(0, HD)
     rot = (d + HD // 2) % HD
-    pos = tl.load(pos_ptr)                                        # the step's position, set before it began
+    pos = tl.load(pos_ptr) + ROW                                  # the step's position, set before it began
     cos = tl.load(cos_ptr + pos * HD + d).to(tl.float32)
     sin = tl.load(sin_ptr + pos * HD + d).to(tl.float32)
     qn, qn_rot = tl.load(qn_ptr + d), tl.load(qn_ptr + rot)       # weights: read before the wait too
@@ -98,9 +123,13 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
     cache = h.to(tl.int64) * L * HD
     p = s * S + tl.arange(0, S)
     old = (p < pos)[:, None]                                      # cached by earlier steps: read before the wait
-    kt = tl.load(kc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
-    vt = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
+    if ROW == 0:
+        kt = tl.load(kc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
+        vt = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
     _wait(PDL)                                                    # q, k, v of this step
+    if ROW == 1:
+        kt = tl.load(kc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
+        vt = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
     if s * S <= pos:                                              # splits past the new position: nothing to do
         k, v, q = _qkv_heads(qkv_ptr, (HQ + h) * HD, (HQ + HQ // G + h) * HD, a * GP * HD, kn, kn_rot, qn, qn_rot,
                              cos, sin, eps, HD, NORM)
@@ -136,14 +165,16 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
 
 @triton.jit
 def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
-    """The final RMSNorm of the residual stream (the head's kernels may launch at once: see kernels.py)."""
+    """The final RMSNorm of token t's residual stream, program t (the head's kernels may launch at once: see
+    kernels.py)."""
     _launch_next(PDL)
     cols = tl.arange(0, BK)
+    at = tl.program_id(0) * K + cols
     _wait(PDL)
-    x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
+    x = tl.load(x_ptr + at, mask=cols < K, other=0.0)
     xf = x.to(tl.float32)
     r = tl.rsqrt(tl.sum(xf * xf, 0) / K + eps)
-    tl.store(out_ptr + cols, (xf * r).to(x.dtype) * tl.load(g_ptr + cols, mask=cols < K), mask=cols < K)
+    tl.store(out_ptr + at, (xf * r).to(x.dtype) * tl.load(g_ptr + cols, mask=cols < K), mask=cols < K)
 
 
 # Launch settings, measured on one H100 (h100 draft, bf16, position 300; devtmp/bench_step25c.py in commit fdff1be):
@@ -188,8 +219,10 @@ def _rows(k: int, tile_bytes: int, elem: int, tiles: int = 1) -> int:
 
 class FusedDecode:
     """The single-token step of a Runner's body (embedding, layers, final norm) through the kernels above:
-    __call__(ids (1,1), start (0-dim device tensor)) -> final normed hidden state (1,1,d), writing the
-    runner's KV cache like the reference path. Static buffers and a fixed grid: CUDA-graph capturable."""
+    __call__(ids (1,T), start (0-dim device tensor)) -> final normed hidden states (1,T,d), writing the runner's KV
+    cache like the reference path. T = 2 (a round's catch-up after a full acceptance) reads each weight once for both
+    tokens and attends twice: bitwise two single-token steps. Static buffers and a fixed grid: CUDA-graph
+    capturable."""
 
     def __init__(self, runner, tile_bytes: int = TILE_BYTES, warps: int = WARPS, split: int = SPLIT,
                  attention_warps: int = ATTENTION_WARPS, heads: int = HEADS):
@@ -204,9 +237,9 @@ class FusedDecode:
         D, inter, L = cfg.hidden_size, cfg.intermediate_size, runner.cache.k.shape[3]
         self.split, self.ns = split, triton.cdiv(L, split)
         empty = lambda *shape, dtype=dt: torch.zeros(shape, dtype=dtype, device=dev)
-        self.x, self.out = empty(D), empty(1, 1, D)
-        self.qkv = empty((self.hq + 2 * self.hkv) * self.hd)                   # the step's activations
-        self.attn, self.act = empty(self.hq * self.hd), empty(inter)
+        self.x, self.out = empty(2, D), empty(1, 2, D)                        # the step's activations, a row a
+        self.qkv = empty(2, (self.hq + 2 * self.hkv) * self.hd)                # token
+        self.attn, self.act = empty(2, self.hq * self.hd), empty(2, inter)
         self.part = empty(self.hq, self.ns, self.hd, dtype=torch.float32)     # attention splits: weighted V,
         self.ml = empty(self.hq, self.ns, 2, dtype=torch.float32)             # (max, sum) per query head
         self.count = empty(self.hq, dtype=torch.int32)                        # splits done per program row
@@ -220,35 +253,39 @@ class FusedDecode:
             return self._step(ids, start)                                             # current device
 
     def _step(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-        r = self.runner
+        r, T = self.runner, ids.shape[1]
+        if T not in (1, 2):
+            raise ValueError(f"the fused step takes 1 or 2 tokens, got {T}")
         for i, layer in enumerate(r.layers):
             att, mlp = layer.self_attn, layer.mlp
             x, first = (r.body.embed_tokens.weight, ids) if i == 0 else (self.x, None)   # layer 0 looks the token up
-            self._gemv(x, layer.input_layernorm.weight, r.fused[i]["qkv"], self.qkv, "qkv", first)
-            self._attention(att, r.cache.layer(i), start)
-            self._gemv(self.attn, None, att.o_proj.weight, self.x, "o")
-            self._gemv(self.x, layer.post_attention_layernorm.weight, r.fused[i]["gate_up"], self.act, "gate_up")
-            self._gemv(self.act, None, mlp.down_proj.weight, self.x, "down")
-        D = self.x.numel()
-        _decode_norm[(1,)](self.x, r.body.norm.weight, self.out, self.eps, D, triton.next_power_of_2(D),
+            self._gemv(x, layer.input_layernorm.weight, r.fused[i]["qkv"], self.qkv, "qkv", T, first)
+            for t in range(T):
+                self._attention(att, r.cache.layer(i), start, t)
+            self._gemv(self.attn, None, att.o_proj.weight, self.x, "o", T)
+            self._gemv(self.x, layer.post_attention_layernorm.weight, r.fused[i]["gate_up"], self.act, "gate_up", T)
+            self._gemv(self.act, None, mlp.down_proj.weight, self.x, "down", T)
+        D = self.x.shape[1]
+        _decode_norm[(T,)](self.x, r.body.norm.weight, self.out, self.eps, D, triton.next_power_of_2(D),
                            self.pdl, **self.opts)
-        return self.out
+        return self.out[:, :T]
 
-    def _gemv(self, x, g, w, out, name: str, ids=None) -> None:
+    def _gemv(self, x, g, w, out, name: str, T: int, ids=None) -> None:
         norm, glu, residual = GEMVS[name]
         N, K = w.shape[0] // (2 if glu else 1), w.shape[1]
         bn = self.bn[name]
         _decode_gemv[(triton.cdiv(N, bn),)](x, g if norm else x, w, out, x if ids is None else ids, self.x, self.eps,
                                              N, K, triton.next_power_of_2(K), bn, norm, glu, residual,
-                                             ids is not None, self.pdl, **self.opts)
+                                             ids is not None, self.pdl, T, **self.opts)
 
-    def _attention(self, att, kv: tuple, start: torch.Tensor) -> None:
+    def _attention(self, att, kv: tuple, start: torch.Tensor, t: int) -> None:
+        """Token t's attention, at position start + t (the second token's reads the first token's cache entry)."""
         r, (k_cache, v_cache) = self.runner, kv
         qn, kn = (att.q_norm.weight, att.k_norm.weight) if self.qk_norm else (self.x, self.x)
         _decode_attention[(self.hq // self.heads, self.ns)](
-            self.qkv, qn, kn, r.cos, r.sin, k_cache, v_cache, start, self.part, self.ml, self.count, self.attn,
+            self.qkv[t], qn, kn, r.cos, r.sin, k_cache, v_cache, start, self.part, self.ml, self.count, self.attn[t],
             self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.heads, self.hd, self.split, self.ns,
-            triton.next_power_of_2(self.ns), k_cache.shape[2], self.qk_norm, self.pdl, **self.attention_opts)
+            triton.next_power_of_2(self.ns), k_cache.shape[2], self.qk_norm, self.pdl, t, **self.attention_opts)
 
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 0.15}

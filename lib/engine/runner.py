@@ -92,11 +92,8 @@ class Runner:
 
     def _forward(self, ids: torch.Tensor, start: torch.Tensor, compiled: bool = True) -> torch.Tensor:
         n = ids.shape[1]
-        if n == 1 and self.decode is not None:
-            return self.decode(ids, start)                                                  # the fused step
-        if n == 2 and self.decode is not None:          # a round's catch-up after a full acceptance: two fused steps
-            first = self.decode(ids[:, :1], start).clone()                                  # (its buffer is reused)
-            return torch.cat([first, self.decode(ids[:, 1:], start + 1)], dim=1)
+        if n <= 2 and self.decode is not None:          # the fused step; 2 tokens: a round's catch-up after a full
+            return self.decode(ids, start)              # acceptance, each weight read once for both
         pos = start + self.arange[:n]                                                       # (n,)
         kernels = self.kernels if n <= TRITON_LAYER_ROWS else None
         mask = None if kernels else self.arange[None, :] <= pos[:, None]                     # (n,max_len) causal
