@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 
 from ..bench import on
-from ..engine.kernels import _launch_next, _wait, counters, launches
+from ..engine.kernels import counters
 from .quantize import GROUP, as_int32, unpack
 
 ROWS = 16                          # activation rows of one program (the wgmma's N)
@@ -69,7 +69,6 @@ ROWS = 16                          # activation rows of one program (the wgmma's
 # tried), o (8; 4, 16), gate/up (1; 2, 4, 8: 4 was 6 % slower) and down (8; 16 was 11 % slower); the same with the
 # scale-and-zero word at 1 and 8 rows (q/k/v 2-8, o 4-16, gate/up 1-2, down 4-16 tried; 3 stages best of 2-4)
 PROGRAMS = 640
-PDL = True
 MAX_SPLIT = 16                     # K ranges at most (partials cost M * N * 4 bytes a range)
 _MAGIC = {torch.float16: 0x6400, torch.bfloat16: 0x4300}      # 1024.0 (fp16) and 128.0 (bf16)
 
@@ -135,10 +134,8 @@ def _half(words, zz, zh, BLOCK_N: tl.constexpr, DT: tl.constexpr, EMULATE: tl.co
 @triton.jit(do_not_specialize=["M"])                            # one compiled kernel for every M (M == 1 too)
 def _w4a16_kernel(x_ptr, w_ptr, g_ptr, part_ptr, count_ptr, res_ptr, out_ptr, M, N, K, stride_xm, stride_w,
                   stride_g, k_per_split, BLOCK_N: tl.constexpr, MAGIC: tl.constexpr, SPLIT: tl.constexpr,
-                  RESIDUAL: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr):
+                  RESIDUAL: tl.constexpr, EMULATE: tl.constexpr):
     """RESIDUAL: out = res + the product, added in fp32 and rounded once."""
-    _launch_next(PDL)
-    _wait(PDL)
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     rows = pid_m * 16 + tl.arange(0, 16)
@@ -264,12 +261,11 @@ def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dty
     y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty(split, M, N, dtype=torch.float32, device=x.device) if split > 1 else y
     count = tile_counters(x.device, grid[0] * grid[2])
-    pdl, opts = launches(x.device, tiles.num_warps, PDL)
     with on(x.device):                                           # Triton launches on the current device
         _w4a16_kernel[grid](x, w.words, w.groups.view(torch.int32), part, count, y if residual is None else residual,
                             y, M, N, K, x.stride(0), w.words.stride(0), w.groups.stride(0) // 2, per, tiles.block_n,
-                            _MAGIC[x.dtype], split > 1, residual is not None, _EMULATE, pdl,
-                            num_stages=tiles.num_stages, **opts,
+                            _MAGIC[x.dtype], split > 1, residual is not None, _EMULATE,
+                            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
                             **({} if tiles.maxnreg is None or _EMULATE else {"maxnreg": tiles.maxnreg}))
     return y
 
