@@ -87,10 +87,21 @@ def test_the_check_compares_with_the_reference_path_even_on_a_fused_runner(pair)
     """A fused runner's single-token forward is the fused step: the check must not compare the step with itself."""
     r = Runner(pair[1], LEN, Acceleration(fused=True))
     step, wrong = r.decode, decode.FusedDecode(r)
-    wrong._step = lambda ids, start: torch.zeros_like(wrong.out)
+    wrong._step = lambda ids, start: torch.zeros_like(wrong.out[:, :ids.shape[1]])
     r.decode = wrong                                                          # installed, and wrong
     assert decode.check(r, step) == "" and step.checked["rel_error"] <= 1e-5
+    assert step.checked["two_tokens_equal_single"]
     assert decode.check(r, wrong).startswith("fused step off the reference") and r.decode is wrong
+
+
+def test_the_check_covers_the_two_token_step(pair):
+    """A step right for one token and wrong for two (the second token's row zeroed) fails the check."""
+    r = Runner(pair[1], LEN, Acceleration(fused=True))
+    half = decode.FusedDecode(r)
+    one = half._step
+    half._step = lambda ids, start: one(ids, start) * torch.tensor([1.0, 0.0])[:ids.shape[1], None]
+    assert decode.check(r, half).startswith("fused step off the reference")
+    assert not half.checked["two_tokens_equal_single"]
 
 
 def test_unsupported_runners_say_why(pair, monkeypatch):

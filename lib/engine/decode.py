@@ -293,37 +293,43 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 0.15}
 
 @torch.no_grad()
 def check(runner, step: FusedDecode, steps: int = 8) -> str:
-    """'' where `step` agrees with the runner's reference path over `steps` single-token calls (fixed token ids)
-    after a prefix of 2.5 attention splits written by the reference path (so that several splits and their
-    combination are checked): final hidden states within TOLERANCE (max |difference| / rms of the reference),
-    and the dense head's argmax equal but at near-ties (the fused token's reference logit within TOLERANCE x the
-    largest |logit| of the maximum). Else the reason. What it measured is kept in step.checked; the cache is
-    zeroed after (a fresh runner's state)."""
-    dev, tol = runner.device, TOLERANCE[runner.dtype]
+    """'' where `step` agrees with the runner's reference path over `steps` positions (fixed token ids), fed one
+    token a call and two (a round's catch-up), after a prefix of 2.5 attention splits written by the reference path
+    (so that several splits and their combination are checked): final hidden states within TOLERANCE (max
+    |difference| / rms of the reference), and the dense head's argmax equal but at near-ties (the fused token's
+    reference logit within TOLERANCE x the largest |logit| of the maximum). Else the reason. What it measured is
+    kept in step.checked; the cache is zeroed after (a fresh runner's state)."""
+    tol = TOLERANCE[runner.dtype]
     start = max(0, min(5 * step.split // 2, runner.max_len - steps))
-    ids = (torch.arange(start + steps, device=dev) * 7919 + 11) % runner.body.embed_tokens.weight.shape[0]
-    hidden, installed = [], runner.decode
-    runner.decode = None                                          # the reference path, even on a fused runner
+    ids = (torch.arange(start + steps, device=runner.device) * 7919 + 11) % runner.body.embed_tokens.weight.shape[0]
+    installed, runner.decode = runner.decode, None                # the reference path, even on a fused runner
     try:
-        for fn in (lambda x, p: runner._forward(x, p, compiled=False), step):
-            if start:
-                runner._forward(ids[None, :start], torch.tensor(0, device=dev), compiled=False)
-            hidden.append(torch.stack([fn(ids[None, i:i + 1], torch.tensor(i, device=dev))[0, -1].clone()
-                                       for i in range(start, start + steps)]).float())
-            runner.cache.k.zero_()
-            runner.cache.v.zero_()
+        ref = _hidden(runner, lambda x, p: runner._forward(x, p, compiled=False), ids, start, steps, 1)
+        got, pairs = (_hidden(runner, step, ids, start, steps, width) for width in (1, 2))
     finally:
         runner.decode = installed                                 # also where a step raised
-    ref, got = hidden
-    err = ((got - ref).abs().amax(-1) / ref.pow(2).mean(-1).sqrt()).max().item()
+    err = max(((h - ref).abs().amax(-1) / ref.pow(2).mean(-1).sqrt()).max().item() for h in (got, pairs))
     W = runner.model.get_output_embeddings().weight
     logits = (ref.to(W.dtype) @ W.T).float()
-    picked = logits.gather(1, (got.to(W.dtype) @ W.T).argmax(-1, keepdim=True))[:, 0]
-    gap = (logits.amax(-1) - picked) / logits.abs().amax(-1)
+    picked = lambda h: logits.gather(1, (h.to(W.dtype) @ W.T).argmax(-1, keepdim=True))[:, 0]
+    gap = torch.stack([(logits.amax(-1) - picked(h)) / logits.abs().amax(-1) for h in (got, pairs)]).amax(0)
     step.checked = {"steps": steps, "from_position": start, "rel_error": err, "tolerance": tol,
-                    "argmax_equal": int((gap == 0).sum()), "max_gap": gap.max().item()}
+                    "argmax_equal": int((gap == 0).sum()), "max_gap": gap.max().item(),
+                    "two_tokens_equal_single": bool(torch.equal(pairs, got))}
     if not err <= tol:
         return f"fused step off the reference: relative error {err:.3g} > {tol}"
     if not gap.max().item() <= tol:
         return f"fused step picks another token: reference logit gap {gap.max().item():.3g} > {tol}"
     return ""
+
+
+def _hidden(runner, fn, ids: torch.Tensor, start: int, steps: int, width: int) -> torch.Tensor:
+    """Final hidden states (steps, d) fp32 of positions start.. through fn(ids (1, width), position), width tokens a
+    call, after the reference path has written the prefix; the cache is zeroed after."""
+    at = lambda i: torch.tensor(i, device=runner.device)
+    if start:
+        runner._forward(ids[None, :start], at(0), compiled=False)
+    out = torch.cat([fn(ids[None, i:i + width], at(i))[0].clone() for i in range(start, start + steps, width)])
+    runner.cache.k.zero_()
+    runner.cache.v.zero_()
+    return out.float()
