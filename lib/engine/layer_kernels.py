@@ -237,9 +237,9 @@ class TritonLayer:
     def rope_cache(att, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple,
                    pos: torch.Tensor) -> torch.Tensor:
         """q (1, HQ, n, hd) of the attention module `att` (its q/k norms where it has them), k and v cached."""
-        qk = hasattr(att, "q_norm")
-        norms = [att.q_norm.weight, att.k_norm.weight] if qk else []
-        return torch.ops.study.rope_cache(qkv, norms, [cos, sin], list(kv), pos, att.q_norm.variance_epsilon if qk else 0.)
+        qk = hasattr(att, "q_norm")                               # Qwen3 (q_norm and k_norm share their eps)
+        norms, eps = ([att.q_norm.weight, att.k_norm.weight], att.q_norm.variance_epsilon) if qk else ([], 0.0)
+        return torch.ops.study.rope_cache(qkv, norms, [cos, sin], list(kv), pos, eps)
 
     @staticmethod
     def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
