@@ -89,13 +89,18 @@ def dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
     return w.reshape(in_f, out_f).t().contiguous()
 
 
+def int4_bytes(K: int, N: int) -> int:
+    """Bytes of an AWQ (K, N) weight: 4-bit codes, an fp16 scale and a 4-bit zero point per group and column."""
+    return K * N // 2 + K // GROUP * N * 5 // 2
+
+
 def checkpoint_bytes(shape, vocab_size: int, tied: bool = False) -> int:
     """Bytes of a Qwen3-shaped AWQ checkpoint (lib.config.Shape): int4 codes, fp16 scales, packed zeros,
     fp16 embeddings, head and norms. Qwen3-32B's shapes: 19.3 GB (measured 19,325,480,728 bytes)."""
     d, hd, L = shape.hidden_size, shape.head_dim, shape.num_hidden_layers
     q_out, kv_out, mlp = shape.num_attention_heads * hd, shape.num_key_value_heads * hd, shape.intermediate_size
     linears = [(q_out, d), (kv_out, d), (kv_out, d), (d, q_out), (mlp, d), (mlp, d), (d, mlp)]
-    per_layer = sum(o * i // 2 + (i // GROUP) * o * 2 + (i // GROUP) * o // 2 for o, i in linears)
+    per_layer = sum(int4_bytes(i, o) for o, i in linears)
     norms = 2 * d + 2 * hd
     return L * (per_layer + 2 * norms) + 2 * d + vocab_size * d * 2 * (1 if tied else 2)
 

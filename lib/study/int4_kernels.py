@@ -19,7 +19,7 @@ import torch
 from .. import bench, progress
 from ..config import Profile
 from ..models import checkpoints
-from ..models.quantize import GROUP, dequantize, unpack
+from ..models.quantize import GROUP, dequantize, int4_bytes, unpack
 from ..results import save_json
 
 ROWS = (1, 2, 4, 8, 16)
@@ -47,11 +47,6 @@ def awq_projection_shapes(profile: Profile) -> dict[str, tuple[int, int]] | None
     else:                                                   # gguf: never AWQ
         return None
     return {"qkv": (d, (heads + 2 * kv) * hd), "o": (heads * hd, d), "gate_up": (d, 2 * inter), "down": (inter, d)}
-
-
-def int4_bytes(K: int, N: int) -> int:
-    """Bytes of an AWQ (K, N) weight: 4-bit codes, an fp16 scale and a 4-bit zero point per group and column."""
-    return K * N // 2 + K // GROUP * N * 5 // 2
 
 
 def kernel_bytes(kernel: str, K: int, N: int) -> int:
