@@ -148,10 +148,9 @@ def test_rope_cache_on_the_gpu(pair):
     """q/k norms, RoPE and the cache write in one kernel, against the torch path (fp16)."""
     import copy
     from lib.engine import layer_kernels
-    from lib.engine.layer import rope_cache
-    att = copy.deepcopy(pair[0].model.layers[0].self_attn).to(DEV, torch.float16)
-    fused = {"qkv": torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).detach(),
-             "qkv_sizes": [m.out_features for m in (att.q_proj, att.k_proj, att.v_proj)]}
+    from lib.engine.layer import fuse_projections, rope_cache
+    layer = copy.deepcopy(pair[0].model.layers[0]).to(DEV, torch.float16)
+    fused, att = fuse_projections(layer), layer.self_attn
     hd, hkv = att.head_dim, att.config.num_key_value_heads
     h, pos = torch.randn(1, 8, att.config.hidden_size, device=DEV, dtype=torch.float16), torch.arange(20, 28, device=DEV)
     cos, sin = torch.randn(8, hd, device=DEV, dtype=torch.float16), torch.randn(8, hd, device=DEV, dtype=torch.float16)

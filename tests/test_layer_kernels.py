@@ -78,13 +78,12 @@ def test_rms_norm_is_the_models_module(pair, add):
 def test_rope_cache_is_the_torch_path(pair, qk_norm):
     """q/k norms (Qwen3 only), RoPE and the cache write in one kernel: q as lib/engine/layer.py's torch path makes
     it, k and v written at the rows' positions and nowhere else."""
-    from lib.engine.layer import rope_cache
-    att = copy.deepcopy(pair[0].model.layers[0].self_attn)
+    from lib.engine.layer import fuse_projections, rope_cache
+    layer = copy.deepcopy(pair[0].model.layers[0])
+    fused, att = fuse_projections(layer), layer.self_attn
     if not qk_norm:
         del att.q_norm, att.k_norm
     cfg, hd = att.config, att.head_dim
-    fused = {"qkv": torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).detach(),
-             "qkv_sizes": [m.out_features for m in (att.q_proj, att.k_proj, att.v_proj)]}
     g = torch.Generator().manual_seed(7)
     h, pos = torch.randn(1, 3, cfg.hidden_size, generator=g), torch.tensor([9, 10, 11])
     cos, sin = torch.randn(3, hd, generator=g), torch.randn(3, hd, generator=g)
