@@ -330,3 +330,21 @@ def test_a_draft_filled_in_chunks_keeps_speculative_output_greedy(pair, heads, b
     draft.runner._graphs[("hidden", 3)] = None                      # a captured length of 3: 30 tokens in 10 calls
     res = generate_speculative(target_of(pair), draft, Request(prompt_of(30), MAX_NEW, schedule, 4))
     assert res.tokens == baselines[30].tokens
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_deferred_rounds_launch_the_next_block_ahead_and_keep_greedy_output(pair, heads, baselines, k):
+    """Deferred greedy rounds of a plain draft launch the next round's block before the verify result is read
+    (fed the last accepted token again and the final token, at a position counted on the device): most rounds use
+    it, and the output is still the target's greedy output; the other schedules never do."""
+    not_ahead = type("NotAhead", (Draft,), {})                         # a Draft subclass: no launch ahead
+    for n in PROMPT_LENS:
+        draft = draft_of(pair[1], heads["flash_2"], DRAFT_D)
+        res = generate_speculative(target_of(pair), draft, Request(prompt_of(n), MAX_NEW, "deferred", k))
+        assert res.tokens == baselines[n].tokens, f"prompt length {n}"
+        assert res.rounds - 3 <= res.launched_ahead < res.rounds       # not the first two rounds, nor a capped last
+        plain = generate_speculative(target_of(pair), not_ahead(draft.runner, draft.head),
+                                     Request(prompt_of(n), MAX_NEW, "deferred", k))
+        assert plain.launched_ahead == 0 and plain.accepted_lengths == res.accepted_lengths   # the same proposals
+        ordinary = generate_speculative(target_of(pair), draft, Request(prompt_of(n), MAX_NEW, "ordinary", k))
+        assert ordinary.launched_ahead == 0

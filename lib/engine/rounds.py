@@ -16,15 +16,13 @@ Schedules (thesis 3.3 and 3.6; names and labels in lib/modes.py):
             proposes the next block (thesis 3.6.1): a round costs about max(append, draft), not their sum.
 
 What greedy decoding and sampling do differently is a decision rule (Greedy in lib/engine/speculative.py,
-Sampling in lib/engine/sampling.py), with these steps:
-  first(target, prompt)          the prompt's prefill and the first token (1,)
-  append(target, ids, start)     feed one token ids (1,1) to the target at `start`; the pending prediction
-                                 after it: greedy the argmax token (1,), sampling the distribution p_1 (V,)
-  token(pending)                 the next token from a pending prediction (target-only generation)
-  propose(draft, s, kk)          the proposals (kk,) and what judging them needs (greedy None, sampling their q)
-  verify(target, props, q, pending, s, kk)
-                                 (accepted proposals as host ids, final token id, final token (1,) on the
-                                 device, whether the target was called); pending None: the deferred batch.
+Sampling in lib/engine/sampling.py): first(target, prompt) the prefill and first token (1,); append(target, ids,
+start) one token fed, the pending prediction after it (greedy the argmax (1,), sampling p_1 (V,)); token(pending)
+the next token of target-only generation; propose(draft, s, kk) the proposals (kk,) and what judging them needs
+(greedy None, sampling their q); verify(target, props, q, pending, s, kk) -> (accepted proposals as host ids,
+final token id, final token (1,) on the device, whether the target was called), pending None: the deferred batch.
+Deferred greedy rounds of a plain draft launch the next round's block before the verify result is read
+(Rounds.launch_next; Result.launched_ahead counts the rounds that used it).
 
 Drafts may choose something per round (lib/engine/adaptive.py): the loop calls draft.begin_round() before each
 round and draft.end_round(proposed, accepted) after it, and draft.begin_generation() / end_generation(result)
@@ -32,13 +30,14 @@ around the rounds. Timing: runners and heads record their calls on the engine's 
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 
 from ..modes import DEFERRED, PIPELINED
+from .appender import Appender
+from .blocks import FixedK
 from .heads import GraphedHead
 from .runner import Runner
 
@@ -103,6 +102,7 @@ class Result:
     verify_calls: int = 0
     append_calls: int = 0
     skipped: int = 0
+    launched_ahead: int = 0                                                 # rounds whose block was launched ahead
     accepted_lengths: list[int] = field(default_factory=list)
     block_lengths: list[int] = field(default_factory=list)                  # proposals per round
     choices: list[str] = field(default_factory=list)                        # bandit drafts: the arm of each round
@@ -133,54 +133,6 @@ class Sequence:
 
     def done(self) -> bool:
         return self.stopped or self.emitted >= self.max_new
-
-
-class Appender:
-    """The target append of a round's final token (rule.append), run inline or on a worker thread with its
-    own CUDA stream (pipelined). result() returns the pending prediction on the main stream."""
-
-    def __init__(self, target: Target, rule, pipelined: bool):
-        self.target, self.rule, self.clock = target, rule, target.runner.clock
-        self.pool = ThreadPoolExecutor(1) if pipelined else None
-        cuda = target.runner.device.type == "cuda"
-        self.stream = torch.cuda.Stream(target.runner.device) if pipelined and cuda else None
-        self.future, self.in_flight = None, False
-
-    def submit(self, ids: torch.Tensor, start: int) -> None:
-        self.in_flight = True
-        if self.pool is None:
-            with self.clock.span("finalize"):
-                self.value = self.rule.append(self.target, ids, start)
-            return
-        ready = torch.cuda.Event() if self.stream is not None else None
-        if ready is not None:
-            ready.record()                                                  # ids were written on the main stream
-        self.future = self.pool.submit(self._append_on_stream, ids, start, ready)
-
-    def _append_on_stream(self, ids: torch.Tensor, start: int, ready):
-        if self.stream is None:                                             # CPU: a thread, no stream
-            with self.clock.span("finalize"):
-                return self.rule.append(self.target, ids, start), None
-        with torch.cuda.stream(self.stream):
-            self.stream.wait_event(ready)
-            with self.clock.span("finalize"):
-                out = self.rule.append(self.target, ids, start)
-            done = torch.cuda.Event()
-            done.record()
-        return out, done
-
-    def result(self):
-        self.in_flight = False
-        if self.pool is None:
-            return self.value
-        out, done = self.future.result()
-        if done is not None:                                                # the append's stream finished it
-            torch.cuda.current_stream(self.target.runner.device).wait_event(done)
-        return out
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
 
 
 def to_device(x: torch.Tensor, draft: Draft, device=None) -> torch.Tensor:
@@ -273,6 +225,10 @@ class Rounds:
         self.policy, self.clock = request.policy(), target.runner.clock
         self.appender = Appender(target, rule, request.schedule == PIPELINED)
         self.pending = None                                                  # the target's pending prediction, if known
+        # deferred greedy rounds of a plain draft beside the target, fixed K: the next block launched ahead
+        self.ahead = (request.schedule == DEFERRED and getattr(rule, "ahead", False) and type(draft) is Draft
+                      and type(self.policy) is FixedK and draft.runner.device == target.runner.device)
+        self.early, self.host, self.ready = None, None, None                 # (kk, proposals) launched ahead
 
     def run(self) -> None:
         self.draft.begin_generation()
@@ -291,11 +247,12 @@ class Rounds:
         self.draft.begin_round()
         kk = min(self.policy.next(), s.max_new - s.emitted - 1)              # never overshoot max_new
         with clock.span("draft"):
-            props, q = self.rule.propose(self.draft, s, kk)
+            props, q = self.proposals(kk)
         if self.appender.in_flight:
             self.pending = self.appender.result()                            # join the overlapped append
+        then = {"then": self.launch_next} if self.ahead and self.pending is None else {}
         with clock.span("verify"):
-            accepted, final, final_dev, verified = self.rule.verify(self.target, props, q, self.pending, s, kk)
+            accepted, final, final_dev, verified = self.rule.verify(self.target, props, q, self.pending, s, kk, **then)
         a = accept(s, props, accepted, final, final_dev, self.request.stop)
         count_round(self.res, kk, a, verified)
         self.policy.update(kk, a)
@@ -303,6 +260,41 @@ class Rounds:
         roll_back(s, n, a)
         self.pending = None                                                  # unknown until the final token is fed
         self.append()
+
+    def proposals(self, kk: int):
+        """This round's proposals: the block launched ahead (launch_next) where it has kk, else the rule's."""
+        early, self.early = self.early, None
+        if early is None or early[0] != kk:
+            return self.rule.propose(self.draft, self.s, kk)
+        self.s.d_pos = len(self.s.seq) + kk - 1                              # as propose_block leaves it
+        self.res.launched_ahead += 1
+        return early[1], None
+
+    def launch_next(self, batch: torch.Tensor, preds: torch.Tensor, got: torch.Tensor) -> list[int]:
+        """Deferred greedy rounds (rule.verify's `then`; batch [final, d1..dk] verified at t_pos, preds its argmaxes):
+        launch the next round's block before the host reads this round's result (returned as host ids), fed two
+        tokens at t_pos + a, a counted on the device: batch[a] (already cached: written again, the same bits) and the
+        final preds[a]. The same cache and tokens as the next round's own block: the same proposals."""
+        s, kk, runner = self.s, self.policy.k, self.draft.runner
+        a = (batch[1:] == preds[:-1]).cumprod(0).sum()                       # 0-dim, on the device: no host read
+        host = self._to_host(got)
+        if s.t_pos + 2 * kk + 1 <= runner.max_len:                          # the block fits whatever a is
+            toks = runner.chain(self.draft.head.head, torch.stack([batch[a], preds[a]])[None], s.t_pos + a, kk)
+            self.early = (kk, toks.clone())
+        if self.ready is not None:
+            self.ready.synchronize()                                         # the verify's result, not the block
+        return host.tolist()
+
+    def _to_host(self, got: torch.Tensor) -> torch.Tensor:
+        """got copied to pinned host memory (CUDA: an event marks its arrival, before anything enqueued after)."""
+        if got.device.type != "cuda":
+            return got
+        if self.host is None or self.host.numel() < got.numel():
+            self.host = torch.empty(2 * got.numel(), dtype=got.dtype, pin_memory=True)
+        self.host[:got.numel()].copy_(got, non_blocking=True)
+        self.ready = torch.cuda.Event()
+        self.ready.record()
+        return self.host[:got.numel()]
 
     def append(self) -> None:
         """Feed the round's final token to the target (ordinary, pipelined): its output is the next pending."""

@@ -182,14 +182,18 @@ class Runner:
         ids, start = self._static(n)
         return self._keep((kind, n), lambda: self._step(kind, ids, start), ids, start, n)
 
-    def chain(self, pick, ids: torch.Tensor, start: int, kk: int) -> torch.Tensor:
+    def chain(self, pick, ids: torch.Tensor, start: int | torch.Tensor, kk: int) -> torch.Tensor:
         """kk tokens from one CUDA-graph replay (graphs on CUDA; else call by call): ids (1,m) fed at `start`, then
-        each token that pick (hidden state (1,d) -> token (1,)) chooses fed in turn (the last one is not fed)."""
+        each token that pick (hidden state (1,d) -> token (1,)) chooses fed in turn (the last one is not fed).
+        start: a host int, or a 0-dim device tensor (a position the host does not know yet; no host read here, and
+        the bound is the caller's to check)."""
         m = ids.shape[1]
-        if start + m + kk - 1 > self.max_len:
-            raise ValueError(f"KV cache of {self.max_len} positions cannot hold {start + m + kk - 1}")
+        if not isinstance(start, torch.Tensor):
+            if start + m + kk - 1 > self.max_len:
+                raise ValueError(f"KV cache of {self.max_len} positions cannot hold {start + m + kk - 1}")
+            start = start if self.graphs else torch.tensor(start, device=self.device)
         if not self.graphs:
-            return self._chain(pick, ids, torch.tensor(start, device=self.device), kk)
+            return self._chain(pick, ids, start, kk)
         with self.clock.span(f"call_{self.role}_block", self.device), on(self.device):
             g = self._graphs.get(("chain", id(pick), m, kk)) or self.warm_chain(pick, m, kk)
             g["ids"].copy_(ids)

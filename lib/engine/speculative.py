@@ -33,6 +33,7 @@ class Greedy:
     """Greedy decoding's decision rule (lib/engine/rounds.py): a proposal is the draft head's argmax, judged
     by equality with the target's argmax; the pending prediction is the target's argmax token (1,). No softmax
     anywhere; tokens reach the host only in verify (one read, two where the target is called)."""
+    ahead = True                       # a deferred verify can launch the next proposal block before its read
 
     def first(self, target: Target, prompt) -> torch.Tensor:
         return prefill(target, prompt)
@@ -49,12 +50,12 @@ class Greedy:
             return propose_block(draft, s, kk), None
         return propose(draft, s, kk, lambda h: (draft.head(h).clone(), None))[0], None
 
-    def verify(self, target: Target, props: torch.Tensor, q, pending, s: Sequence, kk: int):
+    def verify(self, target: Target, props: torch.Tensor, q, pending, s: Sequence, kk: int, then=None):
         """Against the pending prediction when the target is up to date (ordinary, pipelined, and the first
-        deferred round), else the deferred batch."""
+        deferred round), else the deferred batch (then: see verify_deferred)."""
         if pending is not None:
             return verify_with_pending(target, props, pending, s, kk)
-        return verify_deferred(target, props, s, kk)
+        return verify_deferred(target, props, s, kk, then)
 
 
 def verify_with_pending(target: Target, props: torch.Tensor, pending: torch.Tensor, s: Sequence, kk: int):
@@ -71,12 +72,16 @@ def verify_with_pending(target: Target, props: torch.Tensor, pending: torch.Tens
     return got[:a], got[kk + a - 1], preds[a - 1:a], True
 
 
-def verify_deferred(target: Target, props: torch.Tensor, s: Sequence, kk: int):
+def verify_deferred(target: Target, props: torch.Tensor, s: Sequence, kk: int, then=None):
     """Deferred round: the last emitted token has not been fed, so the verify batch is [final, d1..dk]
-    fed at t_pos; output i is the prediction after token i of the batch. Returns as verify_with_pending."""
+    fed at t_pos; output i is the prediction after token i of the batch. Returns as verify_with_pending.
+    then(batch, preds, got) -> got as host ids, where given: the round loop launches the next proposal block
+    before the host reads (lib/engine/rounds.py: Rounds.launch_next)."""
     n = len(s.seq)
-    preds = target.greedy(torch.cat([s.buf[s.t_pos:n], props])[None], s.t_pos)   # (1+kk,): p0..pk
-    got = torch.cat([props, preds]).tolist()                                  # one sync: [d1..dk, p0..pk]
+    batch = torch.cat([s.buf[s.t_pos:n], props])
+    preds = target.greedy(batch[None], s.t_pos)                               # (1+kk,): p0..pk
+    got = torch.cat([props, preds])
+    got = then(batch, preds, got) if then else got.tolist()                   # one sync: [d1..dk, p0..pk]
     # p0 (after the previous final token) judges d1, p_i judges d_{i+1}: accept while d_{i+1} == p_i.
     a = accepted_prefix(got[:kk], got[kk:2 * kk])
     # The final token is p_a, the prediction after the last accepted token (index kk + a).
