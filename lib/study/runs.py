@@ -199,7 +199,8 @@ def record(res: Result, prompt, ids: list[int], it: int, draft: str, schedule: s
         "ttft_ms": res.ttft_ms, "decode_ms": res.decode_ms, "decode_tokens": res.decode_tokens,
         "rounds": res.rounds, "proposed": res.proposed, "accepted": res.accepted,
         "accepted_lengths": res.accepted_lengths, "verify_calls": res.verify_calls,
-        "append_calls": res.append_calls, "skipped": res.skipped, "stopped": res.stopped, "spans_ms": spans,
+        "append_calls": res.append_calls, "skipped": res.skipped, "launched_ahead": res.launched_ahead,
+        "stopped": res.stopped, "spans_ms": spans,
         "model_call_ms": calls, "tokens": res.tokens, "choices": res.choices, "probe_counts": res.probe_counts,
     }
 
