@@ -276,10 +276,11 @@ class Rounds:
         tokens at t_pos + a, a counted on the device: batch[a] (already cached: written again, the same bits) and the
         final preds[a]. The same cache and tokens as the next round's own block: the same proposals."""
         s, kk, runner = self.s, self.policy.k, self.draft.runner
-        a = (batch[1:] == preds[:-1]).cumprod(0).sum()                       # 0-dim, on the device: no host read
-        host = self._to_host(got)
+        a = (batch[1:] == preds[:-1]).cumprod(0).sum().view(1)              # on the device: no host read (nor
+        host = self._to_host(got)                                            # below: gathers, not indexing by a)
         if s.t_pos + 2 * kk + 1 <= runner.max_len:                          # the block fits whatever a is
-            toks = runner.chain(self.draft.head.head, torch.stack([batch[a], preds[a]])[None], s.t_pos + a, kk)
+            ids = torch.cat([batch.index_select(0, a), preds.index_select(0, a)])[None]
+            toks = runner.chain(self.draft.head.head, ids, (s.t_pos + a)[0], kk)
             self.early = (kk, toks.clone())
         if self.ready is not None:
             self.ready.synchronize()                                         # the verify's result, not the block

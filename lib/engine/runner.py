@@ -197,7 +197,7 @@ class Runner:
         with self.clock.span(f"call_{self.role}_block", self.device), on(self.device):
             g = self._graphs.get(("chain", id(pick), m, kk)) or self.warm_chain(pick, m, kk)
             g["ids"].copy_(ids)
-            g["start"].fill_(start)
+            g["start"].copy_(start) if isinstance(start, torch.Tensor) else g["start"].fill_(start)   # no host read
             g["graph"].replay()
         return g["out"]
 
