@@ -336,13 +336,19 @@ def test_a_draft_filled_in_chunks_keeps_speculative_output_greedy(pair, heads, b
 def test_deferred_rounds_launch_the_next_block_ahead_and_keep_greedy_output(pair, heads, baselines, k):
     """Deferred greedy rounds of a plain draft launch the next round's block before the verify result is read
     (fed the last accepted token again and the final token, at a position counted on the device): most rounds use
-    it, and the output is still the target's greedy output; the other schedules never do."""
+    it, none is launched and thrown away, and the output is still the target's greedy output; the other schedules
+    never launch ahead."""
     not_ahead = type("NotAhead", (Draft,), {})                         # a Draft subclass: no launch ahead
     for n in PROMPT_LENS:
         draft = draft_of(pair[1], heads["flash_2"], DRAFT_D)
+        blocks, chain = [], draft.runner.chain
+        draft.runner.chain = lambda *a: blocks.append(a[-1]) or chain(*a)
         res = generate_speculative(target_of(pair), draft, Request(prompt_of(n), MAX_NEW, "deferred", k))
+        del draft.runner.chain
         assert res.tokens == baselines[n].tokens, f"prompt length {n}"
-        assert res.rounds - 3 <= res.launched_ahead < res.rounds       # not the first two rounds, nor a capped last
+        # without graphs the rule proposes step by step: every chain call is a block launched ahead
+        assert not draft.chained and len(blocks) == res.launched_ahead, "a block launched ahead and not used"
+        assert res.rounds - 3 <= res.launched_ahead < res.rounds       # not the first round, nor the last one or two
         plain = generate_speculative(target_of(pair), not_ahead(draft.runner, draft.head),
                                      Request(prompt_of(n), MAX_NEW, "deferred", k))
         assert plain.launched_ahead == 0 and plain.accepted_lengths == res.accepted_lengths   # the same proposals

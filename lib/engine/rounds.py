@@ -262,23 +262,27 @@ class Rounds:
         self.append()
 
     def proposals(self, kk: int):
-        """This round's proposals: the block launched ahead (launch_next) where it has kk, else the rule's."""
+        """This round's proposals: the first kk of the block launched ahead (launch_next), else the rule's. A
+        greedy block's first kk proposals are those of a block of kk; its cache entries past them are written
+        again before anything reads them, as after a rejection."""
         early, self.early = self.early, None
-        if early is None or early[0] != kk:
+        if early is None or early[0] < kk:
             return self.rule.propose(self.draft, self.s, kk)
         self.s.d_pos = len(self.s.seq) + kk - 1                              # as propose_block leaves it
         self.res.launched_ahead += 1
-        return early[1], None
+        return early[1][:kk], None
 
     def launch_next(self, batch: torch.Tensor, preds: torch.Tensor, got: torch.Tensor) -> list[int]:
         """Deferred greedy rounds (rule.verify's `then`; batch [final, d1..dk] verified at t_pos, preds its argmaxes):
         launch the next round's block before the host reads this round's result (returned as host ids), fed two
         tokens at t_pos + a, a counted on the device: batch[a] (already cached: written again, the same bits) and the
-        final preds[a]. The same cache and tokens as the next round's own block: the same proposals."""
+        final preds[a]. The same cache and tokens as the next round's own block: the same proposals. Only where a
+        next round follows whatever a is (short of a stop token), so that no block is thrown away."""
         s, kk, runner = self.s, self.policy.k, self.draft.runner
         a = (batch[1:] == preds[:-1]).cumprod(0).sum().view(1)              # on the device: no host read (nor
         host = self._to_host(got)                                            # below: gathers, not indexing by a)
-        if s.t_pos + 2 * kk + 1 <= runner.max_len:                          # the block fits whatever a is
+        emits = s.emitted + len(batch)                                       # at most: all accepted, and the final
+        if emits + 2 <= s.max_new and s.t_pos + 2 * kk + 1 <= runner.max_len:   # then a round of >= 1 proposal
             ids = torch.cat([batch.index_select(0, a), preds.index_select(0, a)])[None]
             toks = runner.chain(self.draft.head.head, ids, (s.t_pos + a)[0], kk)
             self.early = (kk, toks.clone())
