@@ -32,19 +32,20 @@ def call_costs(micro: dict, target_step: dict, draft: str = modes.FLASH) -> dict
     return {"T_p": {i: float(np.interp(i, n, ms)) for i in range(1, n[-1] + 1)}, "T_q": t_q}
 
 
-def tpot_ms(costs: dict, k: int, emitted: float, schedule: str, skip: float = 0.0) -> float:
-    """TPOT ~ ((1 - s) T_p(K) + K*T_q + T_o) / E[R]; T_o is the single-token append (ordinary; pipelined,
-    whose append runs beside the next proposal, charges max(K*T_q, T_o) for the two) or nothing (deferred,
+def tpot_ms(costs: dict, k: int, emitted: float, schedule: str, skip: float = 0.0, appends: float = 1.0) -> float:
+    """TPOT ~ ((1 - s) T_p(K) + K*T_q + u T_o) / E[R]; T_o is the single-token append (ordinary; pipelined,
+    whose append runs beside the next proposal, charges max(K*T_q, u T_o) for the two) or nothing (deferred,
     whose verify batch carries one more token: T_p(K+1)). s is the share of rounds without a verify call:
     the ordinary schedule skips it when the first proposal disagrees with the pending prediction, which
     happens with probability 1 - alpha at per-token acceptance alpha (skip_share); in the deferred schedule
     only the first round of a generation can skip. Pass the measured share (skipped / rounds) or the
-    expectation; 0 charges a verify every round."""
+    expectation; 0 charges a verify every round. u is the share of rounds that append: a generation's last
+    round has no next token to predict (measured_appends); 1 charges every round, as for a long generation."""
     tp, tq = costs["T_p"], costs["T_q"]
     if schedule == modes.BASELINE:
         return tp[1]
     verify = (1 - skip) * (tp[min(k + 1, max(tp))] if schedule == DEFERRED else tp[k])
-    append = 0.0 if schedule == DEFERRED else tp[1]
+    append = 0.0 if schedule == DEFERRED else appends * tp[1]
     prepare = max(k * tq, append) if schedule == PIPELINED else k * tq + append
     return (verify + prepare) / emitted
 
@@ -77,9 +78,18 @@ def measured_skip(r) -> float:
     return float(r.skipped / r.rounds) if r.schedule != modes.BASELINE and r.rounds > 0 else 0.0
 
 
+def measured_appends(r) -> float:
+    """The share of a mode's rounds that append their final token: the run's append calls less each generation's
+    first (the initial step's), over its rounds (1 where nothing is appended: deferred, baseline)."""
+    if r.schedule in (modes.BASELINE, DEFERRED) or r.rounds <= 0:
+        return 1.0
+    return float((r.append_calls - r.samples) / r.rounds)
+
+
 def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd.DataFrame:
-    """Measured decode tok/s beside the cost model fed with the measured mean emitted per round and the
-    measured share of rounds whose verify call was skipped (skipped / rounds), plus the per-token share
+    """Measured decode tok/s beside the cost model fed with the measured mean emitted per round, the
+    measured share of rounds whose verify call was skipped (skipped / rounds) and of those that append
+    (measured_appends: a generation's last round does not), plus the per-token share
     of the initial step (draft prefill and first append). The rounds columns leave the initial step out of both:
     the measured tokens over the rounds' time, and the model's 1 / TPOT (a sample's start is eager, host-bound and
     varies from run to run more than a cheaper head changes the rounds)."""
@@ -89,9 +99,10 @@ def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
         tokens = r.decode_tok_s * r.decode_total_ms / 1000
         initial = r.initial_ms / tokens                                  # I: draft prefill + first append, per token
         skip = measured_skip(r)
-        tpot = tpot_ms(call_costs(micro, target_step, r.draft), k, em, r.schedule, skip)
+        tpot = tpot_ms(call_costs(micro, target_step, r.draft), k, em, r.schedule, skip, measured_appends(r))
         pred = 1000 / (tpot + initial)
-        rows.append({"mode": mode, "schedule": r.schedule, "skip share": skip, "measured tok/s": r.decode_tok_s,
+        rows.append({"mode": mode, "schedule": r.schedule, "skip share": skip, "append share": measured_appends(r),
+                     "measured tok/s": r.decode_tok_s,
                      "model tok/s": pred, "model / measured": pred / r.decode_tok_s,
                      "rounds tok/s": 1000 * tokens / (r.decode_total_ms - r.initial_ms),
                      "model rounds tok/s": 1000 / tpot})
@@ -101,7 +112,7 @@ def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
 def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd.DataFrame:
     """Where the model and the run part, per round (ms): the measured draft phase against K*T_q, the
     measured verify phase against the model's (1 - skip share) T_p, the measured append (finalize) against
-    T_o per round, and the decode time outside the timed phases (host work, and the pipelined schedule's
+    the append share's T_o per round, and the decode time outside the timed phases (host work, and the pipelined schedule's
     wait for its append). The model's per-call costs are notebook 02's isolated draft step and notebook 03's
     isolated target call; the last four columns set the run's own calls beside them: draft ms per proposed
     token (its model and head calls) against T_q, and target ms per call (verify and append calls) against
@@ -118,7 +129,8 @@ def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
         rows.append({"mode": mode, "measured ms/round": r.ms_per_round,
                      "draft": r.draft_ms / n, "model draft": k * c["T_q"],
                      "verify": r.verify_ms / n, "model verify": (1 - skip) * verify,
-                     "finalize": r.finalize_ms / n, "model finalize": 0.0 if r.schedule == DEFERRED else c["T_p"][1],
+                     "finalize": r.finalize_ms / n,
+                     "model finalize": 0.0 if r.schedule == DEFERRED else measured_appends(r) * c["T_p"][1],
                      "initial": r.initial_ms / n, "untimed": (r.decode_total_ms - spans) / n,
                      "draft ms/token": (r.draft_body_ms + r.draft_head_ms + r.get("draft_block_ms", 0.0)) / (r.mean_block * n), "T_q": c["T_q"],
                      "target ms/call": r.target_call_ms / target_calls,
@@ -130,6 +142,7 @@ def summary_section(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -
     """summary.json's `cost_model`: per checked mode, predicted and measured decode tok/s and their ratio."""
     check = model_check(agg, micro, target_step, k)
     return {m: {"schedule": r["schedule"], "skip_share": float(r["skip share"]),
+                "append_share": float(r["append share"]),
                 "predicted_tok_s": float(r["model tok/s"]), "measured_tok_s": float(r["measured tok/s"]),
                 "ratio": float(r["model / measured"]), "rounds_predicted_tok_s": float(r["model rounds tok/s"]),
                 "rounds_measured_tok_s": float(r["rounds tok/s"])} for m, r in check.iterrows()}
@@ -151,7 +164,8 @@ def thesis_emitted(k: int) -> dict[str, dict[str, float]]:
 def projections(micro: dict, target_step: dict, k: int) -> pd.DataFrame:
     """PROJECTED decode tok/s on this machine's measured per-call costs for the thesis's acceptance
     statistics (the ordinary schedule's skipped verify calls at the per-token acceptance that gives the mean
-    emitted). Leaves out the per-sample initial step. Projections, not measurements."""
+    emitted). Leaves out the per-sample initial step and charges every round an append (long generations).
+    Projections, not measurements."""
     rows = []
     for src, em in thesis_emitted(k).items():
         row = {"thesis statistics": src,

@@ -86,7 +86,7 @@ def test_record_has_the_study_keys(records):
     keys = {"mode", "draft", "schedule", "question_id", "group", "iteration", "prompt_tokens", "ttft_ms", "decode_ms",
             "decode_tokens", "rounds", "proposed", "accepted", "accepted_lengths", "verify_calls", "append_calls",
             "skipped", "stopped", "spans_ms", "model_call_ms", "tokens", "exact_match", "k_policy", "block_lengths",
-            "choices", "probe_counts"}
+            "choices", "probe_counts", "launched_ahead"}
     assert all(set(r) == keys for r in records)
     assert {r["mode"] for r in records} == set(MODES)
     assert all(r["exact_match"] for r in records)
@@ -302,7 +302,8 @@ def test_cost_model_interpolates_unmeasured_verify_lengths():
 def cost_row(schedule: str, k: int, rounds: int, skipped: int, emitted: float, round_ms: float, **kw) -> dict:
     """One aggregate row (the columns costmodel.model_check reads) of a run whose rounds took round_ms."""
     tokens = rounds * emitted
-    return {"draft": "flash", "schedule": schedule, "k_policy": "fixed", "mean_emitted": emitted,
+    return {"draft": "flash", "schedule": schedule, "k_policy": "fixed", "mean_emitted": emitted, "samples": 1,
+            "append_calls": 1 if schedule == "deferred" else rounds + 1,     # the first token's, then every round's
             "rounds": rounds, "skipped": skipped, "verify_calls": rounds - skipped, "initial_ms": 0.0,
             "decode_total_ms": rounds * round_ms, "decode_tok_s": 1000 * tokens / (rounds * round_ms), **kw}
 
@@ -333,6 +334,27 @@ def test_cost_model_charges_a_verify_only_in_rounds_that_make_one():
     assert row["model verify"] == pytest.approx(15.0) and row["verify"] == pytest.approx(15.0)
     assert row["draft ms/token"] == pytest.approx(1.0) == row["T_q"]
     assert row["target ms/call"] == pytest.approx(20.0) == row["model target ms/call"]
+
+
+def test_cost_model_charges_an_append_only_in_rounds_that_make_one():
+    """A generation's last round appends nothing (no next token to predict): of 100 ordinary rounds in 4
+    generations, 96 append (the run's append calls: 4 first tokens and 96 rounds), so the model charges 0.96 T_o a
+    round; the deferred schedule appends only each generation's first token and is charged none."""
+    from lib import costmodel
+    micro = {"model_step": {"dense": {"mean_ms": 1.0}, "flash": {"mean_ms": 1.0}}}
+    ts = {"verify_ms": {str(n): 20.0 for n in range(1, 9)}}
+    k = 4                                                              # 20 + 4 * 1 + 0.96 * 20 = 43.2 ms a round
+    agg = pd.DataFrame([cost_row("ordinary", k, 100, 0, 3.0, 43.2, samples=4, append_calls=100),
+                        cost_row("deferred", k, 100, 0, 3.0, 24.0, samples=4, append_calls=4)],
+                       index=["flash_ordinary", "flash_deferred"])
+    check = costmodel.model_check(agg, micro, ts, k)
+    assert check["append share"].to_numpy() == pytest.approx([0.96, 1.0])
+    assert check["model / measured"].to_numpy() == pytest.approx([1.0, 1.0])
+    phases = costmodel.phase_check(agg.assign(draft_ms=400.0, verify_ms=2000.0, finalize_ms=1920.0, ms_per_round=43.2,
+                                              draft_body_ms=300.0, draft_head_ms=100.0, mean_block=4.0,
+                                              target_call_ms=3920.0), micro, ts, k)
+    assert phases.loc["flash_ordinary", "model finalize"] == pytest.approx(19.2) == phases.loc["flash_ordinary",
+                                                                                              "finalize"]
 
 
 def test_summary_carries_the_cost_model(tmp_path):
