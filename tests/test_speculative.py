@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from lib.engine import rounds
 from lib.engine.heads import DenseHead, FlashHead
 from lib.models.build import make_draft, make_target
 from lib.engine.runner import Runner
@@ -333,12 +334,16 @@ def test_a_draft_filled_in_chunks_keeps_speculative_output_greedy(pair, heads, b
 
 
 @pytest.mark.parametrize("k", [1, 4])
-def test_deferred_rounds_launch_the_next_block_ahead_and_keep_greedy_output(pair, heads, baselines, k):
+def test_deferred_rounds_launch_the_next_block_ahead_and_keep_greedy_output(pair, heads, baselines, k, monkeypatch):
     """Deferred greedy rounds of a plain draft launch the next round's block before the verify result is read
     (fed the last accepted token again and the final token, at a position counted on the device): most rounds use
     it, none is launched and thrown away, and the output is still the target's greedy output; the other schedules
     never launch ahead."""
     not_ahead = type("NotAhead", (Draft,), {})                         # a Draft subclass: no launch ahead
+    on_cpu = generate_speculative(target_of(pair), draft_of(pair[1], heads["flash_2"], DRAFT_D),
+                                  Request(prompt_of(7), MAX_NEW, "deferred", k))
+    assert on_cpu.launched_ahead == 0                                  # a CPU only moves the block earlier: off
+    monkeypatch.setattr(rounds, "AHEAD_DEVICES", ("cuda", "cpu"))
     for n in PROMPT_LENS:
         draft = draft_of(pair[1], heads["flash_2"], DRAFT_D)
         blocks, chain = [], draft.runner.chain

@@ -21,7 +21,7 @@ start) one token fed, the pending prediction after it (greedy the argmax (1,), s
 the next token of target-only generation; propose(draft, s, kk) the proposals (kk,) and what judging them needs
 (greedy None, sampling their q); verify(target, props, q, pending, s, kk) -> (accepted proposals as host ids,
 final token id, final token (1,) on the device, whether the target was called), pending None: the deferred batch.
-Deferred greedy rounds of a plain draft launch the next round's block before the verify result is read
+Deferred greedy rounds of a plain draft on a GPU launch the next round's block before the verify result is read
 (Rounds.launch_next; Result.launched_ahead counts the rounds that used it).
 
 Drafts may choose something per round (lib/engine/adaptive.py): the loop calls draft.begin_round() before each
@@ -215,6 +215,11 @@ def count_round(res: Result, kk: int, a: int, verified: bool) -> None:
     res.skipped += not verified and kk > 0
 
 
+# Where launching ahead pays: a GPU runs the block while the host reads the verify result; on a CPU the block would
+# only move earlier, fed a token more (tests add "cpu" to run the path there).
+AHEAD_DEVICES = ("cuda",)
+
+
 class Rounds:
     """The rounds of one speculative generation after the prefill, under `rule` (see the module doc): they
     fill s (the emitted tokens) and res (the counters). Tokens reach the host only in verify, never inside
@@ -225,9 +230,11 @@ class Rounds:
         self.policy, self.clock = request.policy(), target.runner.clock
         self.appender = Appender(target, rule, request.schedule == PIPELINED)
         self.pending = None                                                  # the target's pending prediction, if known
-        # deferred greedy rounds of a plain draft beside the target, fixed K: the next block launched ahead
+        # deferred greedy rounds of a plain draft beside the target, fixed K, on a device that runs the launched
+        # block while the host waits: the next block launched ahead
         self.ahead = (request.schedule == DEFERRED and getattr(rule, "ahead", False) and type(draft) is Draft
-                      and type(self.policy) is FixedK and draft.runner.device == target.runner.device)
+                      and type(self.policy) is FixedK and draft.runner.device == target.runner.device
+                      and draft.runner.device.type in AHEAD_DEVICES)
         self.early, self.host, self.ready = None, None, None                 # (kk, proposals) launched ahead
 
     def run(self) -> None:
