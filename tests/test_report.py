@@ -402,8 +402,8 @@ def test_report_imports_nothing_from_engine_models_or_study():
 
 
 def agg_rows(rows: dict) -> pd.DataFrame:
-    cols = ("draft", "schedule", "k_policy", "rounds", "verify_calls", "append_calls", "skipped")
-    return pd.DataFrame({m: dict(zip(cols, r)) for m, r in rows.items()}).T
+    cols = ("draft", "schedule", "k_policy", "rounds", "verify_calls", "append_calls", "skipped", "launched_ahead")
+    return pd.DataFrame({m: dict(zip(cols, r + (0,))) for m, r in rows.items()}).T
 
 
 def test_call_counts_leave_out_the_modes_whose_counters_follow_timings():
@@ -414,8 +414,15 @@ def test_call_counts_leave_out_the_modes_whose_counters_follow_timings():
                     "flash_deferred_grow": ("flash", "deferred", "grow", 3, 3, 1, 0)})
     calls = report.call_counts(agg)
     assert list(calls.index) == ["baseline", "dense_ordinary", "flash_deferred_grow"]
-    assert list(calls.columns) == ["rounds", "verify_calls", "append_calls", "skipped"]
-    assert calls.loc["dense_ordinary"].tolist() == [5, 4, 5, 1]
+    assert list(calls.columns) == ["rounds", "verify_calls", "append_calls", "skipped", "launched_ahead"]
+    assert calls.loc["dense_ordinary"].tolist() == [5, 4, 5, 1, 0]
+
+
+def test_rounds_launched_ahead_are_summed_per_mode_and_zero_for_runs_that_predate_them():
+    recs = [fake("dense_deferred", "deferred", 10, 5.0, [2, 1, 3], 9, launched_ahead=a) for a in (1, 2)]
+    old = [{k: v for k, v in r.items() if k != "launched_ahead"} for r in recs]
+    assert report.aggregate(report.records_frame(recs)).loc["dense_deferred", "launched_ahead"] == 3
+    assert report.aggregate(report.records_frame(old)).loc["dense_deferred", "launched_ahead"] == 0
 
 
 def test_divergence_points_group_the_modes_that_leave_at_one_point():
