@@ -71,6 +71,10 @@ class Clock:
         """Time the enclosed work; `device` names the GPU it runs on when that is not the current one."""
         start = self.mark(device)
         yield
+        self.close(name, start, device)
+
+    def close(self, name: str, start, device=None) -> None:
+        """End a span begun at the mark `start`, where a phase ends inside a block of code."""
         self.spans[name].append((start, self.mark(device)))
 
     def totals(self) -> dict[str, float]:
@@ -87,6 +91,12 @@ class NoClock:
 
     def span(self, name: str, device=None):
         return nullcontext()
+
+    def mark(self, device=None) -> None:
+        return None
+
+    def close(self, name: str, start, device=None) -> None:
+        pass
 
     def reset(self) -> None:
         pass

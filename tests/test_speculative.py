@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from lib.bench import Clock
 from lib.engine import rounds
 from lib.engine.heads import DenseHead, FlashHead
 from lib.models.build import make_draft, make_target
@@ -359,3 +360,25 @@ def test_deferred_rounds_launch_the_next_block_ahead_and_keep_greedy_output(pair
         assert plain.launched_ahead == 0 and plain.accepted_lengths == res.accepted_lengths   # the same proposals
         ordinary = generate_speculative(target_of(pair), draft, Request(prompt_of(n), MAX_NEW, "ordinary", k))
         assert ordinary.launched_ahead == 0
+
+
+def test_a_block_launched_ahead_is_timed_in_the_draft_phase_not_the_verify(pair, heads, monkeypatch):
+    """The verify phase ends where the block launched ahead begins, and the block is timed as the next round's draft
+    phase, as a block proposed in its own round is: a deferred run's phase shares mean the same either way."""
+    monkeypatch.setattr(rounds, "AHEAD_DEVICES", ("cuda", "cpu"))
+
+    class Tape(Clock):                                                 # marks are ticks: where a call falls
+        tick = 0
+
+        def mark(self, device=None):
+            Tape.tick += 1
+            return Tape.tick
+
+    target, draft, clock = target_of(pair), draft_of(pair[1], heads["flash_2"], DRAFT_D), Tape("cpu")
+    target.runner.clock, calls, chain = clock, [], draft.runner.chain
+    draft.runner.chain = lambda *a: calls.append(clock.mark()) or chain(*a)
+    res = generate_speculative(target, draft, Request(prompt_of(7), MAX_NEW, "deferred", 4))
+    inside = lambda t, name: any(a < t < b for a, b in clock.spans[name])
+    assert res.launched_ahead > 0 and len(calls) == res.launched_ahead
+    assert all(inside(t, "draft") and not inside(t, "verify") for t in calls)
+    assert res.spans_ms["verify"] > 0 and len(clock.spans["verify"]) == res.rounds

@@ -236,6 +236,7 @@ class Rounds:
                       and type(self.policy) is FixedK and draft.runner.device == target.runner.device
                       and draft.runner.device.type in AHEAD_DEVICES)
         self.early, self.host, self.ready = None, None, None                 # (kk, proposals) launched ahead
+        self.verifying = None                                                # the verify phase's start mark
 
     def run(self) -> None:
         self.draft.begin_generation()
@@ -258,8 +259,10 @@ class Rounds:
         if self.appender.in_flight:
             self.pending = self.appender.result()                            # join the overlapped append
         then = {"then": self.launch_next} if self.ahead and self.pending is None else {}
-        with clock.span("verify"):
-            accepted, final, final_dev, verified = self.rule.verify(self.target, props, q, self.pending, s, kk, **then)
+        self.verifying = clock.mark()                                        # launch_next ends the phase early
+        accepted, final, final_dev, verified = self.rule.verify(self.target, props, q, self.pending, s, kk, **then)
+        if self.verifying is not None:
+            clock.close("verify", self.verifying)
         a = accept(s, props, accepted, final, final_dev, self.request.stop)
         count_round(self.res, kk, a, verified)
         self.policy.update(kk, a)
@@ -288,11 +291,14 @@ class Rounds:
         s, kk, runner = self.s, self.policy.k, self.draft.runner
         a = (batch[1:] == preds[:-1]).cumprod(0).sum().view(1)              # on the device: no host read (nor
         host = self._to_host(got)                                            # below: gathers, not indexing by a)
+        self.clock.close("verify", self.verifying)                           # the block is the next round's draft
+        self.verifying = None
         emits = s.emitted + len(batch)                                       # at most: all accepted, and the final
         if emits + 2 <= s.max_new and s.t_pos + 2 * kk + 1 <= runner.max_len:   # then a round of >= 1 proposal
-            ids = torch.cat([batch.index_select(0, a), preds.index_select(0, a)])[None]
-            toks = runner.chain(self.draft.head.head, ids, (s.t_pos + a)[0], kk)
-            self.early = (kk, toks.clone())
+            with self.clock.span("draft"):
+                ids = torch.cat([batch.index_select(0, a), preds.index_select(0, a)])[None]
+                toks = runner.chain(self.draft.head.head, ids, (s.t_pos + a)[0], kk)
+                self.early = (kk, toks.clone())
         if self.ready is not None:
             self.ready.synchronize()                                         # the verify's result, not the block
         return host.tolist()
