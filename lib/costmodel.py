@@ -112,8 +112,8 @@ def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
 def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd.DataFrame:
     """Where the model and the run part, per round (ms): the measured draft phase against K*T_q, the
     measured verify phase against the model's (1 - skip share) T_p, the measured append (finalize) against
-    the append share's T_o per round, and the decode time outside the timed phases (host work, and the pipelined schedule's
-    wait for its append). The model's per-call costs are notebook 02's isolated draft step and notebook 03's
+    the append share's T_o per round, and the decode time outside the timed phases (host work, and the
+    pipelined schedule's wait for its append). The model's per-call costs are notebook 02's isolated draft step and notebook 03's
     isolated target call; the last four columns set the run's own calls beside them: draft ms per proposed
     token (its model and head calls) against T_q, and target ms per call (verify and append calls) against
     the model's mix of T_p(K or K+1) and T_p(1) for the same calls."""
