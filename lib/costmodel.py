@@ -98,10 +98,10 @@ def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
         em = 1.0 if r.schedule == modes.BASELINE else r.mean_emitted
         tokens = r.decode_tok_s * r.decode_total_ms / 1000
         initial = r.initial_ms / tokens                                  # I: draft prefill + first append, per token
-        skip = measured_skip(r)
-        tpot = tpot_ms(call_costs(micro, target_step, r.draft), k, em, r.schedule, skip, measured_appends(r))
+        skip, appends = measured_skip(r), measured_appends(r)
+        tpot = tpot_ms(call_costs(micro, target_step, r.draft), k, em, r.schedule, skip, appends)
         pred = 1000 / (tpot + initial)
-        rows.append({"mode": mode, "schedule": r.schedule, "skip share": skip, "append share": measured_appends(r),
+        rows.append({"mode": mode, "schedule": r.schedule, "skip share": skip, "append share": appends,
                      "measured tok/s": r.decode_tok_s,
                      "model tok/s": pred, "model / measured": pred / r.decode_tok_s,
                      "rounds tok/s": 1000 * tokens / (r.decode_total_ms - r.initial_ms),
@@ -113,10 +113,10 @@ def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
     """Where the model and the run part, per round (ms): the measured draft phase against K*T_q, the
     measured verify phase against the model's (1 - skip share) T_p, the measured append (finalize) against
     the append share's T_o per round, and the decode time outside the timed phases (host work, and the
-    pipelined schedule's wait for its append). The model's per-call costs are notebook 02's isolated draft step and notebook 03's
-    isolated target call; the last four columns set the run's own calls beside them: draft ms per proposed
-    token (its model and head calls) against T_q, and target ms per call (verify and append calls) against
-    the model's mix of T_p(K or K+1) and T_p(1) for the same calls."""
+    pipelined schedule's wait for its append). The model's per-call costs are notebook 02's isolated draft step
+    and notebook 03's isolated target call; the last four columns set the run's own calls beside them: draft ms
+    per proposed token (its model and head calls) against T_q, and target ms per call (verify and append calls)
+    against the model's mix of T_p(K or K+1) and T_p(1) for the same calls."""
     rows = []
     for mode, r in _checked(agg):
         if r.schedule == modes.BASELINE or not r.rounds:
