@@ -230,11 +230,10 @@ class Rounds:
         self.policy, self.clock = request.policy(), target.runner.clock
         self.appender = Appender(target, rule, request.schedule == PIPELINED)
         self.pending = None                                                  # the target's pending prediction, if known
-        # deferred greedy rounds of a plain draft beside the target, fixed K, on a device that runs the launched
-        # block while the host waits: the next block launched ahead
+        # deferred greedy rounds of a plain draft, fixed K, on a device that runs the launched block while the host
+        # waits (the target's GPU or its own): the next block launched ahead
         self.ahead = (request.schedule == DEFERRED and getattr(rule, "ahead", False) and type(draft) is Draft
-                      and type(self.policy) is FixedK and draft.runner.device == target.runner.device
-                      and draft.runner.device.type in AHEAD_DEVICES)
+                      and type(self.policy) is FixedK and draft.runner.device.type in AHEAD_DEVICES)
         self.early, self.host, self.ready = None, None, None                 # (kk, proposals) launched ahead
         self.verifying = None                                                # the verify phase's start mark
 
@@ -280,7 +279,7 @@ class Rounds:
             return self.rule.propose(self.draft, self.s, kk)
         self.s.d_pos = len(self.s.seq) + kk - 1                              # as propose_block leaves it
         self.res.launched_ahead += 1
-        return early[1][:kk], None
+        return to_device(early[1][:kk], self.draft, self.s.buf.device), None
 
     def launch_next(self, batch: torch.Tensor, preds: torch.Tensor, got: torch.Tensor) -> list[int]:
         """Deferred greedy rounds (rule.verify's `then`; batch [final, d1..dk] verified at t_pos, preds its argmaxes):
@@ -297,6 +296,8 @@ class Rounds:
         if emits + 2 <= s.max_new and s.t_pos + 2 * kk + 1 <= runner.max_len:   # then a round of >= 1 proposal
             with self.clock.span("draft"):
                 ids = torch.cat([batch.index_select(0, a), preds.index_select(0, a)])[None]
+                # on its own GPU: the inputs' device-to-device copies wait on both GPUs' streams (no host read); the
+                # target's GPU waits for the block where the next round takes it, timed there as that round's draft
                 toks = runner.chain(self.draft.head.head, ids, (s.t_pos + a)[0], kk)
                 self.early = (kk, toks.clone())
         if self.ready is not None:
