@@ -169,6 +169,39 @@ def test_notebook_02s_breakdown_can_run_again_over_its_own_file(profile):
     assert set(results.read_json(profile, "step_breakdown.json")) == {"draft_dense", "draft_flash", "written"}
 
 
+class _Step:                                                                    # a fused step's stand-in
+    def __init__(self, runner):
+        self.runner = runner
+
+
+class _Runner:
+    """Records which step was installed when each block was captured; replays a capture by its pick."""
+    def __init__(self, graphs=True):
+        self.graphs, self.captured = graphs, {}
+        self.decode = _Step(self)
+
+    def warm_chain(self, pick, m, kk):
+        self.captured[id(pick)] = self.decode
+
+    def chain(self, pick, ids, start, kk):
+        return self.captured.get(id(pick), self.decode)
+
+
+def test_a_block_is_timed_through_several_fused_steps_each_captured_with_its_own():
+    r = _Runner()
+    steps = microbench.fused_instances(r)
+    assert len(steps) == microbench.BLOCK_INSTANCES > 1 and steps[0] is r.decode
+    assert len({id(s) for s in steps}) == len(steps) and all(isinstance(s, _Step) for s in steps)
+    installed, x = r.decode, torch.zeros(1, 1, dtype=torch.long)
+    blocks = [microbench.instance_block(r, s, lambda h: h, x, 5, 3) for s in steps]
+    assert r.decode is installed                                              # put back after each capture
+    assert [b() for b in blocks] == steps                                     # each replays its own step
+    plain, reference = _Runner(graphs=False), _Runner()
+    reference.decode = None
+    assert microbench.fused_instances(plain) == [plain.decode]                # replayed live: the installed one only
+    assert microbench.fused_instances(reference) == [None]                    # the reference path: nothing to copy
+
+
 def test_a_result_file_must_be_a_json_object(profile):
     with pytest.raises(TypeError, match="exit_depth.json: a result file holds a JSON object"):
         results.save_json(profile, "exit_depth.json", [{"depth": 1}])

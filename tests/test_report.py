@@ -552,6 +552,11 @@ def test_draft_step_table_reads_bandwidth_and_shares_from_microbench():
     assert t.loc["dense / FlashHead", "step ms (fused)"] == pytest.approx(0.8 / 0.7)
     assert t.loc["dense", "head p50 ms per token in block"] == pytest.approx(0.2)              # (2.8 - 2.0) / 4
     assert t.loc["FlashHead", "head share of block"] == pytest.approx(0.1 / 0.6)
+    assert "block p50 per token, fastest instance" not in t.columns           # timed through one fused step
+    micro["block"]["dense_instances"] = [st(2.8), st(3.2), st(2.6)]
+    t = draft_step_table(micro)
+    assert t.loc["dense", "block p50 per token, fastest instance"] == pytest.approx(0.65)
+    assert t.loc["dense", "block p50 per token, slowest instance"] == pytest.approx(0.8)
     ratios = pd.DataFrame({"measured flash/dense": [1.02, 1.03], "model flash/dense": [1.025, 1.03]},
                           index=["ordinary", "deferred"])
     fig = head_effect_plot(micro, ratios)

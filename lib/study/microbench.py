@@ -72,20 +72,54 @@ def step_drafts(profile: Profile) -> tuple[dict, torch.Tensor, int]:
     return drafts, torch.tensor([[prompt[-1]]], device=dev), len(prompt)
 
 
+BLOCK_INSTANCES = 3    # fused steps a draft's block is timed through: their buffers lie elsewhere in memory, and on
+                       # one H100 identical kernels differed by up to 5 % (p50) from one such instance to the next
+
+
 def block_bench(profile: Profile, drafts: dict, x: torch.Tensor, pos: int) -> dict:
     """A round's k proposals as the engine makes them with CUDA graphs (Runner.chain: one replay) against k
-    single steps (a replay of the body and one of the head each): mean, p50, p95 per block. `body`: the dense
-    draft's chain with no head (each step fed the same token), so that block - body is what a head adds to the
-    block where its kernels overlap the body's last ones (programmatic dependent launch)."""
+    single steps (a replay of the body and one of the head each): mean, p50, p95 per block. A fused draft's block
+    is timed through BLOCK_INSTANCES instances of its fused step, interleaved: `<draft>` pools their replays,
+    `<draft>_instances` gives each one's. `body`: the dense draft's chain with no head (each step fed the same
+    token), so that block - body is what a head adds to the block where its kernels overlap the body's last ones
+    (programmatic dependent launch)."""
     b, k = profile.bench, profile.decode.k
-    fns, same = {}, x.view(1)
+    fns, same, names = {}, x.view(1), {}
     body_only = lambda h: same                                               # one object: one captured graph
     for name, d in drafts.items():
-        fns[name] = lambda d=d: d.runner.chain(d.head.head, x, pos, k)
+        names[name] = [f"{name}#{i}" for i in range(len(fused_instances(d.runner)))]
+        for key, step in zip(names[name], fused_instances(d.runner)):
+            fns[key] = instance_block(d.runner, step, d.head.head, x, pos, k)
         fns[f"{name}_steps"] = lambda d=d: [d.head(d.runner.forward(x, pos + i)[:, -1]) for i in range(k)]
     fns["body"] = lambda d=drafts[modes.DENSE]: d.runner.chain(body_only, x, pos, k)
     raw = bench.interleaved(fns, b.warmup, max(10, b.iters // 4), x.device)
-    return {"k": k, **{name: bench.stats(ms) for name, ms in raw.items()}}
+    out = {"k": k, **{name: bench.stats(ms) for name, ms in raw.items() if "#" not in name}}
+    for name, keys in names.items():
+        out[name] = bench.stats([t for key in keys for t in raw[key]])
+        out[f"{name}_instances"] = [bench.stats(raw[key]) for key in keys]
+    return out
+
+
+def fused_instances(runner) -> list:
+    """The runner's fused step and BLOCK_INSTANCES - 1 more made alike (CUDA graphs: each block replays its own
+    capture); the runner's step alone where it runs the reference path or without graphs."""
+    if runner.decode is None or not runner.graphs:
+        return [runner.decode]
+    return [runner.decode] + [type(runner.decode)(runner) for _ in range(BLOCK_INSTANCES - 1)]
+
+
+def instance_block(runner, step, pick, x: torch.Tensor, pos: int, k: int):
+    """A function that proposes a block through `step`: the runner's own, or another instance captured in a graph
+    of its own (under a pick of its own: graphs are kept by pick)."""
+    if step is runner.decode:
+        return lambda: runner.chain(pick, x, pos, k)
+    own = lambda h: pick(h)
+    installed, runner.decode = runner.decode, step
+    try:
+        runner.warm_chain(own, x.shape[1], k)
+    finally:
+        runner.decode = installed
+    return lambda: runner.chain(own, x, pos, k)
 
 
 def draft_step_breakdown(profile: Profile, prepared: tuple | None = None) -> dict:
