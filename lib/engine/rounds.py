@@ -295,10 +295,12 @@ class Rounds:
         emits = s.emitted + len(batch)                                       # at most: all accepted, and the final
         if emits + 2 <= s.max_new and s.t_pos + 2 * kk + 1 <= runner.max_len:   # then a round of >= 1 proposal
             with self.clock.span("draft"):
-                ids = torch.cat([batch.index_select(0, a), preds.index_select(0, a)])[None]
-                # on its own GPU: the inputs' device-to-device copies wait on both GPUs' streams (no host read); the
-                # target's GPU waits for the block where the next round takes it, timed there as that round's draft
-                toks = runner.chain(self.draft.head.head, ids, (s.t_pos + a)[0], kk)
+                # on its own GPU: one copy, after which the draft's stream waits for the verify (no host read), so
+                # the block's own span starts there; the target's GPU waits for the block where the next round
+                # takes it, timed there as that round's draft
+                fed = to_device(torch.cat([batch.index_select(0, a), preds.index_select(0, a), s.t_pos + a]),
+                                self.draft)
+                toks = runner.chain(self.draft.head.head, fed[None, :2], fed[2], kk)
                 self.early = (kk, toks.clone())
         if self.ready is not None:
             self.ready.synchronize()                                         # the verify's result, not the block
