@@ -180,8 +180,8 @@ class _Runner:
         self.graphs, self.captured = graphs, {}
         self.decode = _Step(self)
 
-    def warm_chain(self, pick, m, kk):
-        self.captured[id(pick)] = self.decode
+    def warm_chain(self, pick, m, kk, decode=None):
+        self.captured[id(pick)] = decode or self.decode
 
     def chain(self, pick, ids, start, kk):
         return self.captured.get(id(pick), self.decode)
@@ -194,7 +194,7 @@ def test_a_block_is_timed_through_several_fused_steps_each_captured_with_its_own
     assert len({id(s) for s in steps}) == len(steps) and all(isinstance(s, _Step) for s in steps)
     installed, x = r.decode, torch.zeros(1, 1, dtype=torch.long)
     blocks = [microbench.instance_block(r, s, lambda h: h, x, 5, 3) for s in steps]
-    assert r.decode is installed                                              # put back after each capture
+    assert r.decode is installed                                              # the runner's own step stays
     assert [b() for b in blocks] == steps                                     # each replays its own step
     plain, reference = _Runner(graphs=False), _Runner()
     reference.decode = None

@@ -308,6 +308,24 @@ def test_a_chained_block_proposes_what_step_by_step_calls_propose(pair, heads, m
         a.runner.chain(a.head.head, ids, MAX_LEN - 2, 5)
 
 
+def test_a_chain_captured_through_another_fused_step_leaves_the_runners_own(pair, monkeypatch):
+    """warm_chain(decode=step) captures through `step` (another instance, for timing) and puts the runner's own
+    step back, also where the capture fails (the capture itself stands in: it needs a GPU)."""
+    r, other, seen = Runner(pair[1], MAX_LEN), object(), []
+    own = r.decode
+    monkeypatch.setattr(r, "_keep", lambda key, fn, ids, start, n: seen.append(r.decode) or {})
+    r.warm_chain(lambda h: h, 1, 2, decode=other)
+    r.warm_chain(lambda h: h, 1, 2)
+    assert seen == [other, own] and r.decode is own
+
+    def failing(*args):
+        raise RuntimeError("capture failed")
+    monkeypatch.setattr(r, "_keep", failing)
+    with pytest.raises(RuntimeError, match="capture failed"):
+        r.warm_chain(lambda h: h, 1, 2, decode=other)
+    assert r.decode is own
+
+
 def test_fill_writes_the_cache_prefill_writes_in_calls_of_the_longest_captured_length(pair):
     """A draft's prompt goes into its cache through its captured call lengths (on a CPU there are none: one call;
     here a captured length of 4 is named so that the chunks run, eagerly): every position's K/V as the one-call

@@ -201,11 +201,17 @@ class Runner:
             g["graph"].replay()
         return g["out"]
 
-    def warm_chain(self, pick, m: int, kk: int) -> dict:
-        """Capture the chain of m fed tokens and kk picks for `pick` (kept with its graph, so its id stays its own)."""
+    def warm_chain(self, pick, m: int, kk: int, decode=None) -> dict:
+        """Capture the chain of m fed tokens and kk picks for `pick` (kept with its graph, so its id stays its own);
+        `decode`: through this fused step instead of the runner's own (another instance of it, for timing)."""
         ids, start = self._static(m)
-        with on(self.device):
-            g = self._keep(("chain", id(pick), m, kk), lambda: self._chain(pick, ids, start, kk), ids, start, m + kk)
+        installed, self.decode = self.decode, decode or self.decode
+        try:
+            with on(self.device):
+                g = self._keep(("chain", id(pick), m, kk), lambda: self._chain(pick, ids, start, kk), ids, start,
+                               m + kk)
+        finally:
+            self.decode = installed
         g["pick"] = pick
         return g
 

@@ -114,11 +114,7 @@ def instance_block(runner, step, pick, x: torch.Tensor, pos: int, k: int):
     if step is runner.decode:
         return lambda: runner.chain(pick, x, pos, k)
     own = lambda h: pick(h)
-    installed, runner.decode = runner.decode, step
-    try:
-        runner.warm_chain(own, x.shape[1], k)
-    finally:
-        runner.decode = installed
+    runner.warm_chain(own, x.shape[1], k, decode=step)
     return lambda: runner.chain(own, x, pos, k)
 
 
