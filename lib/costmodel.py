@@ -44,10 +44,18 @@ def tpot_ms(costs: dict, k: int, emitted: float, schedule: str, skip: float = 0.
     tp, tq = costs["T_p"], costs["T_q"]
     if schedule == modes.BASELINE:
         return tp[1]
-    verify = (1 - skip) * (tp[min(k + 1, max(tp))] if schedule == DEFERRED else tp[k])
-    append = 0.0 if schedule == DEFERRED else appends * tp[1]
+    verify, append = round_calls(tp, k, schedule, appends)
+    verify *= 1 - skip
     prepare = max(k * tq, append) if schedule == PIPELINED else k * tq + append
     return (verify + prepare) / emitted
+
+
+def round_calls(tp: dict, k: int, schedule: str, appends: float = 1.0) -> tuple[float, float]:
+    """(a verify call, a round's append) in ms from the target call costs tp: the deferred verify carries K+1 tokens
+    and nothing is appended; the other schedules verify K and append one token in the share `appends` of rounds."""
+    if schedule == DEFERRED:
+        return tp[min(k + 1, max(tp))], 0.0
+    return tp[k], appends * tp[1]
 
 
 def skip_share(alpha: float, schedule: str) -> float:
@@ -123,14 +131,14 @@ def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
             continue
         c, n = call_costs(micro, target_step, r.draft), r.rounds
         skip = measured_skip(r)
-        verify = c["T_p"][min(k + 1, max(c["T_p"]))] if r.schedule == DEFERRED else c["T_p"][k]
+        verify, append = round_calls(c["T_p"], k, r.schedule, measured_appends(r))
         spans = r.initial_ms + r.draft_ms + r.verify_ms + (0 if r.schedule == PIPELINED else r.finalize_ms)
         target_calls = r.verify_calls + r.append_calls
         rows.append({"mode": mode, "measured ms/round": r.ms_per_round,
                      "draft": r.draft_ms / n, "model draft": k * c["T_q"],
                      "verify": r.verify_ms / n, "model verify": (1 - skip) * verify,
                      "finalize": r.finalize_ms / n,
-                     "model finalize": 0.0 if r.schedule == DEFERRED else measured_appends(r) * c["T_p"][1],
+                     "model finalize": append,
                      "initial": r.initial_ms / n, "untimed": (r.decode_total_ms - spans) / n,
                      "draft ms/token": (r.draft_body_ms + r.draft_head_ms + r.get("draft_block_ms", 0.0)) / (r.mean_block * n), "T_q": c["T_q"],
                      "target ms/call": r.target_call_ms / target_calls,

@@ -177,8 +177,14 @@ def propose_block(draft: Draft, s: Sequence, kk: int) -> torch.Tensor:
     if kk == 0:
         return s.buf[n:n]
     toks = draft.runner.chain(draft.head.head, to_device(s.buf[None, s.d_pos:n], draft), s.d_pos, kk)
-    s.d_pos = n + kk - 1
-    return to_device(toks.clone(), draft, s.buf.device)
+    return block_proposals(draft, s, toks.clone(), kk)
+
+
+def block_proposals(draft: Draft, s: Sequence, block: torch.Tensor, kk: int) -> torch.Tensor:
+    """The first kk tokens of a proposal block the draft made (this round, or launched ahead: a greedy block's prefix
+    is the shorter block), on the sequence's device; the draft's cache then holds the positions before the last."""
+    s.d_pos = len(s.seq) + kk - 1
+    return to_device(block[:kk], draft, s.buf.device)
 
 
 def accept(s: Sequence, props: torch.Tensor, accepted: list[int], final: int, final_dev: torch.Tensor,
@@ -277,9 +283,8 @@ class Rounds:
         early, self.early = self.early, None
         if early is None or early[0] < kk:
             return self.rule.propose(self.draft, self.s, kk)
-        self.s.d_pos = len(self.s.seq) + kk - 1                              # as propose_block leaves it
         self.res.launched_ahead += 1
-        return to_device(early[1][:kk], self.draft, self.s.buf.device), None
+        return block_proposals(self.draft, self.s, early[1], kk), None
 
     def launch_next(self, batch: torch.Tensor, preds: torch.Tensor, got: torch.Tensor) -> list[int]:
         """Deferred greedy rounds (rule.verify's `then`; batch [final, d1..dk] verified at t_pos, preds its argmaxes):

@@ -87,8 +87,9 @@ def block_bench(profile: Profile, drafts: dict, x: torch.Tensor, pos: int) -> di
     fns, same, names = {}, x.view(1), {}
     body_only = lambda h: same                                               # one object: one captured graph
     for name, d in drafts.items():
-        names[name] = [f"{name}#{i}" for i in range(len(fused_instances(d.runner)))]
-        for key, step in zip(names[name], fused_instances(d.runner)):
+        steps = fused_instances(d.runner)
+        names[name] = [f"{name}#{i}" for i in range(len(steps))]
+        for key, step in zip(names[name], steps):
             fns[key] = instance_block(d.runner, step, d.head.head, x, pos, k)
         fns[f"{name}_steps"] = lambda d=d: [d.head(d.runner.forward(x, pos + i)[:, -1]) for i in range(k)]
     fns["body"] = lambda d=drafts[modes.DENSE]: d.runner.chain(body_only, x, pos, k)
