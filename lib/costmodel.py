@@ -122,9 +122,11 @@ def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
     measured verify phase against the model's (1 - skip share) T_p, the measured append (finalize) against
     the append share's T_o per round, and the decode time outside the timed phases (host work, and the
     pipelined schedule's wait for its append). The model's per-call costs are notebook 02's isolated draft step
-    and notebook 03's isolated target call; the last four columns set the run's own calls beside them: draft ms
-    per proposed token (its model and head calls) against T_q, and target ms per call (verify and append calls)
-    against the model's mix of T_p(K or K+1) and T_p(1) for the same calls."""
+    and notebook 03's isolated target call; the last five columns set the run's own calls beside them: draft ms
+    per proposed token (its model and head calls) against T_q, target ms per call (verify and append calls)
+    against the model's mix of T_p(K or K+1) and T_p(1) for the same calls, and `between calls`: what the verify
+    and finalize phases hold a round besides the target's calls (the host's read of the verify result, acceptance,
+    roll-back; the model charges nothing for it), each generation's first append taken at the mean call's cost."""
     rows = []
     for mode, r in _checked(agg):
         if r.schedule == modes.BASELINE or not r.rounds:
@@ -142,7 +144,9 @@ def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
                      "initial": r.initial_ms / n, "untimed": (r.decode_total_ms - spans) / n,
                      "draft ms/token": (r.draft_body_ms + r.draft_head_ms + r.get("draft_block_ms", 0.0)) / (r.mean_block * n), "T_q": c["T_q"],
                      "target ms/call": r.target_call_ms / target_calls,
-                     "model target ms/call": (r.verify_calls * verify + r.append_calls * c["T_p"][1]) / target_calls})
+                     "model target ms/call": (r.verify_calls * verify + r.append_calls * c["T_p"][1]) / target_calls,
+                     "between calls": (r.verify_ms + r.finalize_ms
+                                       - r.target_call_ms * (target_calls - r.samples) / target_calls) / n})
     return pd.DataFrame(rows).set_index("mode")
 
 

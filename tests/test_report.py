@@ -334,6 +334,8 @@ def test_cost_model_charges_a_verify_only_in_rounds_that_make_one():
     assert row["model verify"] == pytest.approx(15.0) and row["verify"] == pytest.approx(15.0)
     assert row["draft ms/token"] == pytest.approx(1.0) == row["T_q"]
     assert row["target ms/call"] == pytest.approx(20.0) == row["model target ms/call"]
+    # 175 calls of 20 ms, one of them the generation's first append: 3480 ms of the phases' 3500 are calls
+    assert row["between calls"] == pytest.approx((3500.0 - 3480.0) / 100)
 
 
 def test_cost_model_charges_an_append_only_in_rounds_that_make_one():
