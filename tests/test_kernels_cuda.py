@@ -178,3 +178,29 @@ def test_a_two_token_fused_step_is_two_single_steps_on_the_gpu(pair):
         one = torch.cat([b.forward(ids[:, p + t:p + t + 1], p + t, graph=False).clone() for t in (0, 1)], dim=1)
         assert torch.equal(both, one), p
     assert torch.equal(a.cache.k, b.cache.k) and torch.equal(a.cache.v, b.cache.v)
+
+
+@pytest.mark.parametrize("schedule", ["ordinary", "deferred", "pipelined"])
+def test_speculative_output_is_greedy_output_with_graphs_on_the_gpu(pair, schedule):
+    """The engine as GPU runs build it (CUDA graphs, the fused draft step, the Triton target layers, fp16): every
+    schedule emits the target's greedy tokens; ordinary rounds launch their appends and deferred rounds their next
+    block before the host reads the verify result (the position counted on the device)."""
+    import copy
+    from lib.engine.heads import DenseHead
+    from lib.engine.runner import Acceleration
+    from lib.engine.speculative import Request, generate_baseline, generate_speculative
+    from lib.models.build import make_draft, make_target
+    target_model, draft_model = (copy.deepcopy(m).to(DEV, torch.float16) for m in pair)
+    target = make_target(target_model, 128, Acceleration(graphs=True, rows=8, triton_layers=True))
+    draft = make_draft(draft_model, DenseHead(draft_model.get_output_embeddings().weight), 128,
+                       Acceleration(graphs=True, fused=True))
+    draft.warm(4)
+    assert draft.chained and draft.runner.decode_path == "fused"
+    for n in (1, 9, 30):
+        prompt = torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+        want = generate_baseline(target, Request(prompt, 40)).tokens
+        res = generate_speculative(target, draft, Request(prompt, 40, schedule, 4))
+        assert res.tokens == want, n
+        ordinary, deferred = schedule == "ordinary", schedule == "deferred"
+        assert res.verify_calls - 1 <= res.appended_ahead <= res.verify_calls if ordinary else res.appended_ahead == 0
+        assert res.rounds - 3 <= res.launched_ahead < res.rounds if deferred else res.launched_ahead == 0

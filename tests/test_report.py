@@ -86,7 +86,7 @@ def test_record_has_the_study_keys(records):
     keys = {"mode", "draft", "schedule", "question_id", "group", "iteration", "prompt_tokens", "ttft_ms", "decode_ms",
             "decode_tokens", "rounds", "proposed", "accepted", "accepted_lengths", "verify_calls", "append_calls",
             "skipped", "stopped", "spans_ms", "model_call_ms", "tokens", "exact_match", "k_policy", "block_lengths",
-            "choices", "probe_counts", "launched_ahead"}
+            "choices", "probe_counts", "launched_ahead", "appended_ahead"}
     assert all(set(r) == keys for r in records)
     assert {r["mode"] for r in records} == set(MODES)
     assert all(r["exact_match"] for r in records)
@@ -404,8 +404,9 @@ def test_report_imports_nothing_from_engine_models_or_study():
 
 
 def agg_rows(rows: dict) -> pd.DataFrame:
-    cols = ("draft", "schedule", "k_policy", "rounds", "verify_calls", "append_calls", "skipped", "launched_ahead")
-    return pd.DataFrame({m: dict(zip(cols, r + (0,))) for m, r in rows.items()}).T
+    cols = ("draft", "schedule", "k_policy", "rounds", "verify_calls", "append_calls", "skipped", "launched_ahead",
+            "appended_ahead")
+    return pd.DataFrame({m: dict(zip(cols, r + (0, 2))) for m, r in rows.items()}).T
 
 
 def test_call_counts_leave_out_the_modes_whose_counters_follow_timings():
@@ -416,15 +417,18 @@ def test_call_counts_leave_out_the_modes_whose_counters_follow_timings():
                     "flash_deferred_grow": ("flash", "deferred", "grow", 3, 3, 1, 0)})
     calls = report.call_counts(agg)
     assert list(calls.index) == ["baseline", "dense_ordinary", "flash_deferred_grow"]
-    assert list(calls.columns) == ["rounds", "verify_calls", "append_calls", "skipped", "launched_ahead"]
-    assert calls.loc["dense_ordinary"].tolist() == [5, 4, 5, 1, 0]
+    assert list(calls.columns) == ["rounds", "verify_calls", "append_calls", "skipped", "launched_ahead",
+                                   "appended_ahead"]
+    assert calls.loc["dense_ordinary"].tolist() == [5, 4, 5, 1, 0, 2]
 
 
-def test_rounds_launched_ahead_are_summed_per_mode_and_zero_for_runs_that_predate_them():
-    recs = [fake("dense_deferred", "deferred", 10, 5.0, [2, 1, 3], 9, launched_ahead=a) for a in (1, 2)]
-    old = [{k: v for k, v in r.items() if k != "launched_ahead"} for r in recs]
-    assert report.aggregate(report.records_frame(recs)).loc["dense_deferred", "launched_ahead"] == 3
-    assert report.aggregate(report.records_frame(old)).loc["dense_deferred", "launched_ahead"] == 0
+@pytest.mark.parametrize("mode, schedule, ahead", [("dense_deferred", "deferred", "launched_ahead"),
+                                                   ("dense_ordinary", "ordinary", "appended_ahead")])
+def test_rounds_launched_ahead_are_summed_per_mode_and_zero_for_runs_that_predate_them(mode, schedule, ahead):
+    recs = [fake(mode, schedule, 10, 5.0, [2, 1, 3], 9, **{ahead: a}) for a in (1, 2)]
+    old = [{k: v for k, v in r.items() if k != ahead} for r in recs]
+    assert report.aggregate(report.records_frame(recs)).loc[mode, ahead] == 3
+    assert report.aggregate(report.records_frame(old)).loc[mode, ahead] == 0
 
 
 def test_divergence_points_group_the_modes_that_leave_at_one_point():

@@ -44,6 +44,15 @@ def baselines(pair):
     return {n: generate_baseline(target_of(pair), Request(prompt_of(n), MAX_NEW)) for n in PROMPT_LENS}
 
 
+class Tape(Clock):
+    """A clock whose marks are ticks: where a call falls among the phases."""
+    tick = 0
+
+    def mark(self, device=None):
+        Tape.tick += 1
+        return Tape.tick
+
+
 def planned_blocks(res: Result, k: int, max_new: int) -> list[int]:
     """The block length of each round, rebuilt from the accepted lengths: min(K, room left - 1)."""
     emitted, out = 1, []
@@ -380,17 +389,52 @@ def test_deferred_rounds_launch_the_next_block_ahead_and_keep_greedy_output(pair
         assert ordinary.launched_ahead == 0
 
 
+@pytest.mark.parametrize("k", [1, 4])
+def test_ordinary_rounds_launch_the_append_ahead_and_keep_greedy_output(pair, heads, baselines, k, monkeypatch):
+    """Ordinary greedy rounds on a GPU launch the final token's append, at a position counted on the device, before
+    the host reads the verify result: every verified round but a last one does, the target makes the same calls as
+    appending from the host, the output is the target's greedy output, and the append is timed as the finalize
+    phase, after the verify phase has ended; stop tokens still stop it where greedy decoding stops."""
+    host_appends = {n: generate_speculative(target_of(pair), draft_of(pair[1], heads["flash_2"], DRAFT_D),
+                                            Request(prompt_of(n), MAX_NEW, "ordinary", k)) for n in PROMPT_LENS}
+    assert all(r.appended_ahead == 0 for r in host_appends.values())  # a CPU: off
+    monkeypatch.setattr(rounds, "AHEAD_DEVICES", ("cuda", "cpu"))
+    for n in PROMPT_LENS:
+        target = target_of(pair)
+        starts, greedy = [], target.runner.greedy
+        target.runner.greedy = lambda ids, start, *a: starts.append(start) or greedy(ids, start, *a)
+        res = generate_speculative(target, draft_of(pair[1], heads["flash_2"], DRAFT_D),
+                                   Request(prompt_of(n), MAX_NEW, "ordinary", k))
+        assert res.tokens == baselines[n].tokens, f"prompt length {n}"
+        assert res.verify_calls - 1 <= res.appended_ahead <= res.verify_calls and res.appended_ahead > 0
+        assert res.accepted_lengths == host_appends[n].accepted_lengths
+        assert res.append_calls == host_appends[n].append_calls and res.launched_ahead == 0
+        device_starts = [int(t) for t in starts if isinstance(t, torch.Tensor)]   # launched ahead: 0-dim tensors
+        assert len(device_starts) == res.appended_ahead and all(n <= t < MAX_LEN for t in device_starts)
+    target, clock, calls = target_of(pair), Tape("cpu"), []
+    target.runner.clock, greedy = clock, target.runner.greedy
+    target.runner.greedy = lambda ids, start, *a: (isinstance(start, torch.Tensor) and calls.append(clock.mark())
+                                                    or greedy(ids, start, *a))
+    res = generate_speculative(target, draft_of(pair[1], heads["flash_2"], DRAFT_D),
+                               Request(prompt_of(7), MAX_NEW, "ordinary", k))
+    inside = lambda t, name: any(a < t < b for a, b in clock.spans[name])
+    assert len(calls) == res.appended_ahead > 0
+    assert all(inside(t, "finalize") and not inside(t, "verify") for t in calls)
+    base = baselines[30].tokens
+    stop = frozenset({base[9]})
+    res = generate_speculative(target_of(pair), draft_of(pair[1], heads["flash_2"], DRAFT_D),
+                               Request(prompt_of(30), MAX_NEW, "ordinary", k, stop))
+    assert res.tokens == base[:base.index(base[9]) + 1] and res.stopped
+    for schedule in ("deferred", "pipelined"):
+        other = generate_speculative(target_of(pair), draft_of(pair[1], heads["flash_2"], DRAFT_D),
+                                     Request(prompt_of(7), MAX_NEW, schedule, k))
+        assert other.appended_ahead == 0
+
+
 def test_a_block_launched_ahead_is_timed_in_the_draft_phase_not_the_verify(pair, heads, monkeypatch):
     """The verify phase ends where the block launched ahead begins, and the block is timed as the next round's draft
     phase, as a block proposed in its own round is: a deferred run's phase shares mean the same either way."""
     monkeypatch.setattr(rounds, "AHEAD_DEVICES", ("cuda", "cpu"))
-
-    class Tape(Clock):                                                 # marks are ticks: where a call falls
-        tick = 0
-
-        def mark(self, device=None):
-            Tape.tick += 1
-            return Tape.tick
 
     target, draft, clock = target_of(pair), draft_of(pair[1], heads["flash_2"], DRAFT_D), Tape("cpu")
     target.runner.clock, calls, chain = clock, [], draft.runner.chain

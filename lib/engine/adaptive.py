@@ -27,7 +27,8 @@ from typing import ClassVar
 import torch
 
 from .heads import FlashHead
-from .rounds import Draft, Result
+from .request import Result
+from .rounds import Draft
 
 
 class AdaptiveFlashHead(FlashHead):

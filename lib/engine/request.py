@@ -1,10 +1,10 @@
-"""One generation request: what to generate and how, checked before any work.
+"""One generation request: what to generate and how, checked before any work; and what it produced (Result).
 
 Every generation entry point (lib/engine/speculative.py) takes (target[, draft], request). A request needs no
 model to be checked, except whether its tokens fit a runner's KV cache (check_cache, asked by the engine)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .blocks import FixedK
 from ..modes import ORDINARY, SCHEDULES
@@ -60,3 +60,29 @@ class Request:
 def need(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+@dataclass
+class Result:
+    """What a generation produced: its tokens, times (ms) and round counters, and the engine's spans."""
+    tokens: list[int]
+    ttft_ms: float
+    decode_ms: float
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    verify_calls: int = 0
+    append_calls: int = 0
+    skipped: int = 0
+    launched_ahead: int = 0                                                 # rounds whose block was launched ahead
+    appended_ahead: int = 0                                                 # rounds whose append was launched ahead
+    accepted_lengths: list[int] = field(default_factory=list)
+    block_lengths: list[int] = field(default_factory=list)                  # proposals per round
+    choices: list[str] = field(default_factory=list)                        # bandit drafts: the arm of each round
+    probe_counts: list[int] = field(default_factory=list)                   # adaptive FlashHead: steps per probe count
+    spans_ms: dict = field(default_factory=dict)
+    stopped: bool = False                                                   # ended at a stop token
+
+    @property
+    def decode_tokens(self) -> int:
+        return len(self.tokens) - 1                                         # tokens after the first

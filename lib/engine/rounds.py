@@ -22,7 +22,8 @@ the next token of target-only generation; propose(draft, s, kk) the proposals (k
 (greedy None, sampling their q); verify(target, props, q, pending, s, kk) -> (accepted proposals as host ids,
 final token id, final token (1,) on the device, whether the target was called), pending None: the deferred batch.
 Deferred greedy rounds of a plain draft on a GPU launch the next round's block before the verify result is read
-(Rounds.launch_next; Result.launched_ahead counts the rounds that used it).
+(Rounds.launch_next; Result.launched_ahead counts the rounds that used it); ordinary greedy rounds on a GPU launch
+the final token's append there (Rounds.launch_append), so the target's GPU goes from the verify to the append.
 
 Drafts may choose something per round (lib/engine/adaptive.py): the loop calls draft.begin_round() before each
 round and draft.end_round(proposed, accepted) after it, and draft.begin_generation() / end_generation(result)
@@ -30,15 +31,16 @@ around the rounds. Timing: runners and heads record their calls on the engine's 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from ..modes import DEFERRED, PIPELINED
+from ..modes import DEFERRED, ORDINARY, PIPELINED
 from .appender import Appender
 from .blocks import FixedK
 from .heads import GraphedHead
+from .request import Result
 from .runner import Runner
 
 
@@ -89,30 +91,6 @@ class Target:
     def greedy(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         """Target argmax after each of ids (1,n) fed at `start`: (n,) on the device (a copy)."""
         return self.runner.greedy(ids, start).clone()
-
-
-@dataclass
-class Result:
-    tokens: list[int]
-    ttft_ms: float
-    decode_ms: float
-    rounds: int = 0
-    proposed: int = 0
-    accepted: int = 0
-    verify_calls: int = 0
-    append_calls: int = 0
-    skipped: int = 0
-    launched_ahead: int = 0                                                 # rounds whose block was launched ahead
-    accepted_lengths: list[int] = field(default_factory=list)
-    block_lengths: list[int] = field(default_factory=list)                  # proposals per round
-    choices: list[str] = field(default_factory=list)                        # bandit drafts: the arm of each round
-    probe_counts: list[int] = field(default_factory=list)                   # adaptive FlashHead: steps per probe count
-    spans_ms: dict = field(default_factory=dict)
-    stopped: bool = False                                                   # ended at a stop token
-
-    @property
-    def decode_tokens(self) -> int:
-        return len(self.tokens) - 1                                         # tokens after the first
 
 
 class Sequence:
@@ -241,6 +219,9 @@ class Rounds:
         self.ahead = (request.schedule == DEFERRED and getattr(rule, "ahead", False) and type(draft) is Draft
                       and type(self.policy) is FixedK and draft.runner.device.type in AHEAD_DEVICES)
         self.early, self.host, self.ready = None, None, None                 # (kk, proposals) launched ahead
+        self.append_ahead = (request.schedule == ORDINARY and getattr(rule, "ahead", False)
+                             and target.runner.device.type in AHEAD_DEVICES)
+        self.appended = False                                                # this round's append launched ahead
         self.verifying = None                                                # the verify phase's start mark
 
     def run(self) -> None:
@@ -263,8 +244,9 @@ class Rounds:
             props, q = self.proposals(kk)
         if self.appender.in_flight:
             self.pending = self.appender.result()                            # join the overlapped append
-        then = {"then": self.launch_next} if self.ahead and self.pending is None else {}
-        self.verifying = clock.mark()                                        # launch_next ends the phase early
+        then = ({"then": self.launch_next} if self.ahead and self.pending is None else
+                {"then": self.launch_append} if self.append_ahead and self.pending is not None else {})
+        self.verifying = clock.mark()                            # launch_next or launch_append ends the phase early
         accepted, final, final_dev, verified = self.rule.verify(self.target, props, q, self.pending, s, kk, **then)
         if self.verifying is not None:
             clock.close("verify", self.verifying)
@@ -311,6 +293,24 @@ class Rounds:
             self.ready.synchronize()                                         # the verify's result, not the block
         return host.tolist()
 
+    def launch_append(self, props: torch.Tensor, preds: torch.Tensor, got: torch.Tensor) -> list[int]:
+        """Ordinary greedy rounds (rule.verify's `then` after a verify call: d1 accepted, preds p1..pk): launch the
+        append of the final token p_a at t_pos + a, a counted on the device, before the host reads this round's result
+        (returned as host ids). Only where the round cannot end the generation (short of a stop token, after which
+        the append is thrown away), so the last round appends nothing."""
+        s = self.s
+        host = self._to_host(got)
+        kk, runner = len(props), self.target.runner
+        if s.emitted + kk + 1 < s.max_new and s.t_pos + kk + 1 <= runner.max_len:   # the append's bound: a <= kk
+            a = 1 + (props[1:] == preds[:-1]).cumprod(0).sum()               # d_{i+1} accepted while it equals p_i
+            self.clock.close("verify", self.verifying)
+            self.verifying, self.appended = None, True
+            self.res.appended_ahead += 1
+            self.appender.submit(preds.index_select(0, (a - 1).view(1))[None], s.t_pos + a)
+        if self.ready is not None:
+            self.ready.synchronize()                                         # the verify's result, not the append
+        return host.tolist()
+
     def _to_host(self, got: torch.Tensor) -> torch.Tensor:
         """got copied to pinned host memory (CUDA: an event marks its arrival, before anything enqueued after)."""
         if got.device.type != "cuda":
@@ -324,7 +324,11 @@ class Rounds:
 
     def append(self) -> None:
         """Feed the round's final token to the target (ordinary, pipelined): its output is the next pending."""
-        s = self.s
+        s, appended, self.appended = self.s, self.appended, False
+        if appended:                                                        # launched by launch_append
+            s.t_pos += 1
+            self.res.append_calls += 1
+            return
         if self.request.schedule == DEFERRED or s.done():
             with self.clock.span("finalize"):                                # nothing to append
                 pass

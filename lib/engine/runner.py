@@ -139,8 +139,8 @@ class Runner:
             return self._run("hidden", ids, start, graph)
 
     @torch.no_grad()
-    def greedy(self, ids: torch.Tensor, start: int, graph: bool = True) -> torch.Tensor:
-        """The model's own dense-head argmax after each of ids (1,n): (n,) on the device."""
+    def greedy(self, ids: torch.Tensor, start: int | torch.Tensor, graph: bool = True) -> torch.Tensor:
+        """The model's own dense-head argmax after each of ids (1,n): (n,) on the device. start: as chain's."""
         with self.clock.span(f"call_{self.role}", self.device):
             return self._run("greedy", ids, start, graph)
 
@@ -148,24 +148,25 @@ class Runner:
         """The length a call of n tokens runs at: at least `rows` (batch-invariant calls pad to a fixed count)."""
         return self.rows if 0 < n < self.rows else n
 
-    def _run(self, kind: str, ids: torch.Tensor, start: int, graph: bool) -> torch.Tensor:
+    def _run(self, kind: str, ids: torch.Tensor, start: int | torch.Tensor, graph: bool) -> torch.Tensor:
         n, m = ids.shape[1], self._length(ids.shape[1])
-        if start + n > self.max_len:
+        if not isinstance(start, torch.Tensor) and start + n > self.max_len:
             raise ValueError(f"KV cache of {self.max_len} positions cannot hold {start + n}")
         if m == n:
             return self._call(kind, ids, start, graph)
         out = self._call(kind, F.pad(ids, (0, m - n)), start, graph)                    # batch-invariant: fixed rows
         return out[:, :n] if kind == "hidden" else out[:n]
 
-    def _call(self, kind: str, ids: torch.Tensor, start: int, graph: bool) -> torch.Tensor:
+    def _call(self, kind: str, ids: torch.Tensor, start: int | torch.Tensor, graph: bool) -> torch.Tensor:
         n = ids.shape[1]
         if not (graph and self.graphs):                                                     # eager, any n
-            h = self._forward(ids, torch.tensor(start, device=self.device), compiled=False)
+            at = start if isinstance(start, torch.Tensor) else torch.tensor(start, device=self.device)
+            h = self._forward(ids, at, compiled=False)
             return h if kind == "hidden" else self._argmax(h)
         with on(self.device):                                                               # graphs live on one GPU
             g = self._graphs.get((kind, n)) or self._capture(kind, n)
             g["ids"].copy_(ids)
-            g["start"].fill_(start)
+            g["start"].copy_(start) if isinstance(start, torch.Tensor) else g["start"].fill_(start)   # no host read
             g["graph"].replay()
         return g["out"]
 

@@ -15,8 +15,8 @@ import time
 import torch
 
 from ..bench import sync
-from .request import Request
-from .rounds import Draft, Result, Rounds, Sequence, Target, propose, propose_block
+from .request import Request, Result
+from .rounds import Draft, Rounds, Sequence, Target, propose, propose_block
 from .sampling import Sampling
 
 __all__ = ["Draft", "Greedy", "Request", "Result", "Target", "accepted_prefix", "generate_baseline",
@@ -54,18 +54,21 @@ class Greedy:
         """Against the pending prediction when the target is up to date (ordinary, pipelined, and the first
         deferred round), else the deferred batch (then: see verify_deferred)."""
         if pending is not None:
-            return verify_with_pending(target, props, pending, s, kk)
+            return verify_with_pending(target, props, pending, s, kk, then)
         return verify_deferred(target, props, s, kk, then)
 
 
-def verify_with_pending(target: Target, props: torch.Tensor, pending: torch.Tensor, s: Sequence, kk: int):
+def verify_with_pending(target: Target, props: torch.Tensor, pending: torch.Tensor, s: Sequence, kk: int, then=None):
     """Ordinary/pipelined round: the target is up to date and `pending` (1,) is its next token.
-    Returns (accepted proposals as host ids, final token id, final token (1,) on the device, verified?)."""
+    Returns (accepted proposals as host ids, final token id, final token (1,) on the device, verified?).
+    then(props, preds, got) -> got as host ids, where given: the round loop launches the append of the final token
+    before the host reads (lib/engine/rounds.py: Rounds.launch_append)."""
     got = torch.cat([props[:1], pending]).tolist()                          # one host sync: [d1, pending]
     if kk == 0 or got[0] != got[-1]:
         return [], got[-1], pending, False                                   # d1 rejected: skip the verify call
     preds = target.greedy(props[None], s.t_pos)                              # (kk,): p_i = argmax after d_i
-    got = torch.cat([props, preds]).tolist()                                 # one sync: [d1..dk, p1..pk]
+    got = torch.cat([props, preds])
+    got = then(props, preds, got) if then else got.tolist()                  # one sync: [d1..dk, p1..pk]
     # d1 == pending is accepted; d_{i+1} is accepted while it equals p_i.
     a = 1 + accepted_prefix(got[1:kk], got[kk:2 * kk - 1])
     # The final token is p_a, the prediction after the last accepted proposal (index kk + a - 1).

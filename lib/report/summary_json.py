@@ -49,7 +49,7 @@ def summary(profile: Profile, device: str, clus: dict, micro: dict, agg: pd.Data
         e2e[m] = {k: _num(r[k]) for k in ("decode_tok_s", "ttft_ms", "acceptance", "mean_emitted", "verify_calls",
                                           "append_calls", "exact_match_rate", "engine_overhead_frac", "overlap_frac", "samples",
                                           "ms_per_round", "draft_share", "verify_share", "finalize_share",
-                                          "transfer_ms", "launched_ahead")}
+                                          "transfer_ms", "launched_ahead", "appended_ahead")}
     kernels = run_kernels(run)                                               # which head kernel picked the tokens
     for m, r in agg.iterrows():
         e2e[m]["head_kernel"] = kernel_of(r["draft"], kernels)

@@ -19,8 +19,9 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
     if "k_policy" not in df:                                             # runs made before block policies
         df["k_policy"] = modes.FIXED
         df["block_lengths"] = [[] for _ in range(len(df))]
-    if "launched_ahead" not in df:                                       # runs made before launching ahead
-        df["launched_ahead"] = 0
+    for ahead in ("launched_ahead", "appended_ahead"):                   # runs made before launching ahead
+        if ahead not in df:
+            df[ahead] = 0
     for phase in ("initial", "draft", "verify", "finalize", "transfer", "call_draft_body", "call_draft_head",
                   "call_draft_block", "call_target"):
         df[phase + "_ms"] = [s.get(phase, 0.0) for s in df["spans_ms"]]
@@ -58,8 +59,9 @@ def aggregate(df: pd.DataFrame, kernels: dict | None = None) -> pd.DataFrame:
     g = df.groupby("mode", sort=False)
     parts = g[["draft", "schedule", "k_policy"]].first()
     s = g[["decode_tokens", "decode_ms", "accepted", "proposed", "rounds", "verify_calls", "append_calls", "skipped",
-           "launched_ahead", "initial_ms", "draft_ms", "verify_ms", "finalize_ms", "call_draft_body_ms", "call_draft_head_ms",
-           "call_draft_block_ms", "call_target_ms", "model_call_ms", "transfer_ms"]].sum()
+           "launched_ahead", "appended_ahead", "initial_ms", "draft_ms", "verify_ms", "finalize_ms",
+           "call_draft_body_ms", "call_draft_head_ms", "call_draft_block_ms", "call_target_ms", "model_call_ms",
+           "transfer_ms"]].sum()
     blocks = g.block_lengths.agg(lambda b: sum(map(sum, b)) / max(sum(map(len, b)), 1))
     out = pd.DataFrame({
         "mean_block": blocks,
@@ -71,7 +73,7 @@ def aggregate(df: pd.DataFrame, kernels: dict | None = None) -> pd.DataFrame:
         "acceptance": (s.accepted / s.proposed).where(s.proposed > 0),
         "mean_emitted": ((s.accepted + s.rounds) / s.rounds).where(s.rounds > 0),
         "rounds": s.rounds, "verify_calls": s.verify_calls, "append_calls": s.append_calls, "skipped": s.skipped,
-        "launched_ahead": s.launched_ahead,
+        "launched_ahead": s.launched_ahead, "appended_ahead": s.appended_ahead,
         "ms_per_round": (s.decode_ms / s.rounds).where(s.rounds > 0),
         "initial_ms": s.initial_ms, "draft_ms": s.draft_ms, "verify_ms": s.verify_ms, "finalize_ms": s.finalize_ms,
         "draft_body_ms": s.call_draft_body_ms, "draft_head_ms": s.call_draft_head_ms,
@@ -151,11 +153,11 @@ def overlap(agg: pd.DataFrame) -> pd.DataFrame:
 
 
 def call_counts(agg: pd.DataFrame) -> pd.DataFrame:
-    """Rounds, target calls, skipped verify calls and rounds whose proposal block was launched ahead (deferred, on a
-    GPU) per mode, less the modes whose counters follow measured timings (modes.follows_timings: they differ from
+    """Rounds, target calls, skipped verify calls and rounds whose proposal block (deferred) or append (ordinary) was
+    launched ahead of the host's read (on a GPU) per mode, less the modes whose counters follow measured timings (modes.follows_timings: they differ from
     machine to machine)."""
     timed = agg.apply(lambda r: modes.follows_timings(r.draft, r.k_policy), axis=1)
-    return agg[~timed][["rounds", "verify_calls", "append_calls", "skipped", "launched_ahead"]]
+    return agg[~timed][["rounds", "verify_calls", "append_calls", "skipped", "launched_ahead", "appended_ahead"]]
 
 
 def block_policies(agg: pd.DataFrame) -> pd.DataFrame:

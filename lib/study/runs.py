@@ -200,6 +200,7 @@ def record(res: Result, prompt, ids: list[int], it: int, draft: str, schedule: s
         "rounds": res.rounds, "proposed": res.proposed, "accepted": res.accepted,
         "accepted_lengths": res.accepted_lengths, "verify_calls": res.verify_calls,
         "append_calls": res.append_calls, "skipped": res.skipped, "launched_ahead": res.launched_ahead,
+        "appended_ahead": res.appended_ahead,
         "stopped": res.stopped, "spans_ms": spans,
         "model_call_ms": calls, "tokens": res.tokens, "choices": res.choices, "probe_counts": res.probe_counts,
     }
