@@ -289,9 +289,7 @@ class Rounds:
                                 self.draft)
                 toks = runner.chain(self.draft.head.head, fed[None, :2], fed[2], kk)
                 self.early = (kk, toks.clone())
-        if self.ready is not None:
-            self.ready.synchronize()                                         # the verify's result, not the block
-        return host.tolist()
+        return self._read(host)
 
     def launch_append(self, props: torch.Tensor, preds: torch.Tensor, got: torch.Tensor) -> list[int]:
         """Ordinary greedy rounds (rule.verify's `then` after a verify call: d1 accepted, preds p1..pk): launch the
@@ -307,9 +305,7 @@ class Rounds:
             self.verifying, self.appended = None, True
             self.res.appended_ahead += 1
             self.appender.submit(preds.index_select(0, (a - 1).view(1))[None], s.t_pos + a)
-        if self.ready is not None:
-            self.ready.synchronize()                                         # the verify's result, not the append
-        return host.tolist()
+        return self._read(host)
 
     def _to_host(self, got: torch.Tensor) -> torch.Tensor:
         """got copied to pinned host memory (CUDA: an event marks its arrival, before anything enqueued after)."""
@@ -321,6 +317,12 @@ class Rounds:
         self.ready = torch.cuda.Event()
         self.ready.record()
         return self.host[:got.numel()]
+
+    def _read(self, host: torch.Tensor) -> list[int]:
+        """_to_host's copy as host ids, once it has arrived (not waiting for what was launched after it)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        return host.tolist()
 
     def append(self) -> None:
         """Feed the round's final token to the target (ordinary, pipelined): its output is the next pending."""
