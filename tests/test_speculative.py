@@ -5,7 +5,7 @@ from lib.bench import Clock
 from lib.engine import rounds
 from lib.engine.heads import DenseHead, FlashHead
 from lib.models.build import make_draft, make_target
-from lib.engine.runner import Runner
+from lib.engine.runner import Runner, _replay
 from lib.engine.speculative import (Draft, Request, Result, Target, accepted_prefix, generate_baseline,
                                     generate_speculative)
 
@@ -444,3 +444,20 @@ def test_a_block_launched_ahead_is_timed_in_the_draft_phase_not_the_verify(pair,
     assert res.launched_ahead > 0 and len(calls) == res.launched_ahead
     assert all(inside(t, "draft") and not inside(t, "verify") for t in calls)
     assert res.spans_ms["verify"] > 0 and len(clock.spans["verify"]) == res.rounds
+
+
+def test_a_captured_call_is_replayed_with_its_start_from_the_host_or_the_device():
+    """Runner's graph replay sets the captured inputs: ids copied, start filled from a host int or copied from a 0-dim
+    device tensor (a position counted on the device, never read by the host), then one replay."""
+    class Graph:
+        replays = 0
+
+        def replay(self):
+            Graph.replays += 1
+
+    g = dict(ids=torch.zeros(1, 2, dtype=torch.long), start=torch.zeros((), dtype=torch.long), graph=Graph(),
+             out=torch.ones(2))
+    assert _replay(g, torch.tensor([[5, 6]]), 7) is g["out"] and g["start"].item() == 7 and Graph.replays == 1
+    assert g["ids"].tolist() == [[5, 6]]
+    _replay(g, torch.tensor([[8, 9]]), torch.tensor(11))
+    assert g["start"].item() == 11 and g["ids"].tolist() == [[8, 9]] and Graph.replays == 2

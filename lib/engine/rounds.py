@@ -182,6 +182,11 @@ def accept(s: Sequence, props: torch.Tensor, accepted: list[int], final: int, fi
     return a
 
 
+def accepted_on_device(proposed: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
+    """accepted_prefix (lib/engine/speculative.py) counted on the device: a 0-dim tensor, no host read."""
+    return (proposed == predicted).cumprod(0).sum()
+
+
 def roll_back(s: Sequence, n: int, a: int) -> None:
     """Caches keep only accepted tokens: positions from n + a on held rejected proposals (or will hold
     the final token, not fed yet), so the next writes overwrite them."""
@@ -275,7 +280,7 @@ class Rounds:
         final preds[a]. The same cache and tokens as the next round's own block: the same proposals. Only where a
         next round follows whatever a is (short of a stop token), so that no block is thrown away."""
         s, kk, runner = self.s, self.policy.k, self.draft.runner
-        a = (batch[1:] == preds[:-1]).cumprod(0).sum().view(1)              # on the device: no host read (nor
+        a = accepted_on_device(batch[1:], preds[:-1]).view(1)                # on the device: no host read (nor
         host = self._to_host(got)                                            # below: gathers, not indexing by a)
         self.clock.close("verify", self.verifying)                           # the block is the next round's draft
         self.verifying = None
@@ -300,7 +305,7 @@ class Rounds:
         host = self._to_host(got)
         kk, runner = len(props), self.target.runner
         if s.emitted + kk + 1 < s.max_new and s.t_pos + kk + 1 <= runner.max_len:   # the append's bound: a <= kk
-            a = 1 + (props[1:] == preds[:-1]).cumprod(0).sum()               # d_{i+1} accepted while it equals p_i
+            a = 1 + accepted_on_device(props[1:], preds[:-1])                # d_{i+1} accepted while it equals p_i
             self.clock.close("verify", self.verifying)
             self.verifying, self.appended = None, True
             self.res.appended_ahead += 1

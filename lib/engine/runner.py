@@ -164,11 +164,7 @@ class Runner:
             h = self._forward(ids, at, compiled=False)
             return h if kind == "hidden" else self._argmax(h)
         with on(self.device):                                                               # graphs live on one GPU
-            g = self._graphs.get((kind, n)) or self._capture(kind, n)
-            g["ids"].copy_(ids)
-            g["start"].copy_(start) if isinstance(start, torch.Tensor) else g["start"].fill_(start)   # no host read
-            g["graph"].replay()
-        return g["out"]
+            return _replay(self._graphs.get((kind, n)) or self._capture(kind, n), ids, start)
 
     def warm(self, kind: str, lengths) -> None:
         """Capture the graphs of these call lengths now (a no-op without graphs), so that none is captured
@@ -196,11 +192,7 @@ class Runner:
         if not self.graphs:
             return self._chain(pick, ids, start, kk)
         with self.clock.span(f"call_{self.role}_block", self.device), on(self.device):
-            g = self._graphs.get(("chain", id(pick), m, kk)) or self.warm_chain(pick, m, kk)
-            g["ids"].copy_(ids)
-            g["start"].copy_(start) if isinstance(start, torch.Tensor) else g["start"].fill_(start)   # no host read
-            g["graph"].replay()
-        return g["out"]
+            return _replay(self._graphs.get(("chain", id(pick), m, kk)) or self.warm_chain(pick, m, kk), ids, start)
 
     def warm_chain(self, pick, m: int, kk: int, decode=None) -> dict:
         """Capture the chain of m fed tokens and kk picks for `pick` (kept with its graph, so its id stays its own);
@@ -239,6 +231,14 @@ class Runner:
         self.cache.k[..., :n, :], self.cache.v[..., :n, :] = kept                           # after the warm-up runs
         self._graphs[key] = dict(graph=graph, ids=ids, start=start, out=out)
         return self._graphs[key]
+
+
+def _replay(g: dict, ids: torch.Tensor, start: int | torch.Tensor) -> torch.Tensor:
+    """Replay a captured call with its inputs set: ids, and start from the host or (a 0-dim tensor) the device."""
+    g["ids"].copy_(ids)
+    g["start"].copy_(start) if isinstance(start, torch.Tensor) else g["start"].fill_(start)       # no host read
+    g["graph"].replay()
+    return g["out"]
 
 
 def fused_decode(runner: Runner) -> tuple:
