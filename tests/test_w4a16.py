@@ -234,7 +234,7 @@ def test_the_runner_splits_the_norms_between_int4_projections(awq_target, monkey
         monkeypatch.setattr(layer_kernels.TritonLayer, name,
                             staticmethod(lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a)))
     accel = Acceleration(rows=5, triton_layers=True)
-    folded = Runner(model, 80, accel)
+    folded = Runner(model, 80, Acceleration(rows=5, triton_layers=True, compile=True))      # traced as on a GPU
     ids = torch.randint(3, 500, (1, 20), generator=torch.Generator().manual_seed(4))
     folded.prefill(ids[:, :12])
     calls.clear()

@@ -36,7 +36,7 @@ def layer_forward(layer, fused: dict, s: Stream, at: tuple, kv: tuple, kernels=N
     (pos, mask, cos, sin), (k_cache, v_cache) = at, kv
     att, x = layer.self_attn, s.x
     n = x.shape[1]
-    fold = kernels is not None and bool(fused) and getattr(att.o_proj, "folds_norm", False)
+    fold = kernels is not None and "qkv" in fused and getattr(att.o_proj, "folds_norm", False)
     h = s.h if s.h is not None else kernels.norm(layer.input_layernorm, x) if kernels else layer.input_layernorm(x)
     if kernels and fused:                                                       # q/k norms, RoPE, cache: one kernel
         q = kernels.rope_cache(att, project(fused["qkv"], h), cos, sin, kv, pos)
