@@ -148,6 +148,17 @@ def _w4a16_kernel(x_ptr, w_ptr, g_ptr, part_ptr, count_ptr, res_ptr, out_ptr, sq
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < N
     k_start = pid_k * k_per_split
+    # what the epilogue needs of the split norm (_epilogue), read before the loop: its latency hides under the
+    # first weights' (read in the epilogue instead, they added a round trip to every call's tail)
+    inv_rms = tl.zeros((16,), tl.float32)
+    if RMS_IN:                                                   # 1 / rms of each row, from the partial sums
+        t = tl.arange(0, BT)
+        sq = tl.load(sq_ptr + rows[:, None] * n_sq + t[None, :], mask=(rows[:, None] < M) & (t[None, :] < n_sq),
+                     other=0.0)
+        inv_rms = tl.rsqrt(tl.sum(sq, 1) / K + eps)
+    gamma = tl.zeros((BLOCK_N,), tl.float32)
+    if RMS_OUT:
+        gamma = tl.load(gamma_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), 128):
         g = k0 // 128                                            # one group a K-block
@@ -183,27 +194,25 @@ def _w4a16_kernel(x_ptr, w_ptr, g_ptr, part_ptr, count_ptr, res_ptr, out_ptr, sq
             acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
             for kr in range(splits):                             # fixed order: deterministic, batch-invariant
                 acc += tl.load(part_ptr + kr * M * N + at, mask=keep, other=0.0, cache_modifier=".cg")
-            _epilogue(acc, rows, cols, M, N, K, res_ptr, out_ptr, sq_ptr, gamma_ptr, gx_ptr, sq_out_ptr, n_sq, eps,
-                      RESIDUAL, RMS_IN, RMS_OUT, BT)
+            _epilogue(acc, rows, cols, M, N, res_ptr, out_ptr, gx_ptr, sq_out_ptr, inv_rms, gamma, RESIDUAL, RMS_IN,
+                      RMS_OUT)
     else:
-        _epilogue(acc, rows, cols, M, N, K, res_ptr, out_ptr, sq_ptr, gamma_ptr, gx_ptr, sq_out_ptr, n_sq, eps,
-                  RESIDUAL, RMS_IN, RMS_OUT, BT)
+        _epilogue(acc, rows, cols, M, N, res_ptr, out_ptr, gx_ptr, sq_out_ptr, inv_rms, gamma, RESIDUAL, RMS_IN,
+                  RMS_OUT)
 
 
 @triton.jit
-def _epilogue(acc, rows, cols, M, N, K, res_ptr, out_ptr, sq_ptr, gamma_ptr, gx_ptr, sq_out_ptr, n_sq, eps,
-              RESIDUAL: tl.constexpr, RMS_IN: tl.constexpr, RMS_OUT: tl.constexpr, BT: tl.constexpr):
+def _epilogue(acc, rows, cols, M, N, res_ptr, out_ptr, gx_ptr, sq_out_ptr, inv_rms, gamma, RESIDUAL: tl.constexpr,
+              RMS_IN: tl.constexpr, RMS_OUT: tl.constexpr):
     """The (BLOCK_N, 16) fp32 sums of a tile of out^T, finished and stored. An RMSNorm split across two calls:
     RMS_OUT: also gx = gamma * out (one rounding) and the sum of out^2 over this tile's columns, a row's partial of
-    its mean square, in sq_out (M, column tiles); RMS_IN: x was such a gx, and each row times 1 / rms, from the
-    n_sq partials of sq in a fixed order (eps added to their mean over K), before the residual and the rounding."""
+    its mean square, in sq_out (M, column tiles); RMS_IN: x was such a gx, and each row is multiplied by its
+    inv_rms (from the partials, summed in a fixed order, their mean over K plus eps) before the residual and the
+    rounding."""
     at = rows[None, :] * N + cols[:, None]
     keep = (rows[None, :] < M) & (cols[:, None] < N)
     if RMS_IN:
-        t = tl.arange(0, BT)
-        sq = tl.load(sq_ptr + rows[:, None] * n_sq + t[None, :], mask=(rows[:, None] < M) & (t[None, :] < n_sq),
-                     other=0.0)
-        acc = acc * tl.rsqrt(tl.sum(sq, 1) / K + eps)[None, :]
+        acc = acc * inv_rms[None, :]
     if RESIDUAL:
         acc += tl.load(res_ptr + at, mask=keep, other=0.0).to(tl.float32)
     y = acc.to(out_ptr.dtype.element_ty)
@@ -211,7 +220,6 @@ def _epilogue(acc, rows, cols, M, N, K, res_ptr, out_ptr, sq_ptr, gamma_ptr, gx_
     if RMS_OUT:
         yf = tl.where(keep, y.to(tl.float32), 0.0)
         tl.store(sq_out_ptr + rows * tl.num_programs(0) + tl.program_id(0), tl.sum(yf * yf, 0), mask=rows < M)
-        gamma = tl.load(gamma_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
         tl.store(gx_ptr + at, (gamma[:, None] * yf).to(gx_ptr.dtype.element_ty), mask=keep)
 
 
