@@ -8,9 +8,7 @@ import torch
 from interpreted import interpreter_env, interpreter_or_skip  # noqa: F401 (interpreter_env: an autouse fixture)
 
 interpreter_or_skip()
-from lib.models.int4_linear import Int4Linear  # noqa: E402
-from lib.models.w4a16 import (Tiles, concat, dequantize, pack_awq, split_plan, w4a16_matmul,  # noqa: E402
-                              w4a16_matmul_norm)
+from lib.models.w4a16 import Int4Linear, Tiles, concat, dequantize, pack_awq, split_plan, w4a16_matmul  # noqa: E402
 from lib.models import quantize as Q  # noqa: E402
 
 
@@ -113,33 +111,6 @@ def test_residual_added_in_the_epilogue(tiles):
         w4a16_matmul(x, w, tiles, residual=res[:, :32])
 
 
-@pytest.mark.parametrize("tiles", [Tiles(), Tiles(block_n=64, split_k=2)], ids=["default", "split2"])
-def test_an_rms_norm_split_between_two_matmuls(tiles):
-    """w4a16_matmul_norm begins RMSNorm(y) * gamma of its output y (gx = gamma * y, the sums of y^2 by column tile);
-    w4a16_matmul(gx, rms=...) finishes it after the next product: the normed rows times W2 to fp16 rounding, and
-    every row still the same bits alone as in a call of 9 rows."""
-    (a, g), (b, _) = random_awq(21, N=256), random_awq(22)
-    w1, w2 = pack_awq(*a), pack_awq(*b)
-    x, res = torch.randn(9, 256, generator=g).half(), torch.randn(9, 256, generator=g).half()
-    gamma = (torch.rand(256, generator=g) + 0.5).half()
-    y, gx, sq = w4a16_matmul_norm(x, w1, res, gamma, tiles)
-    assert torch.equal(y, w4a16_matmul(x, w1, tiles, residual=res))
-    assert torch.equal(gx, (gamma.float() * y.float()).half())                # one rounding of the fp32 product
-    assert sq.shape == (9, 256 // tiles.block_n) and sq.dtype == torch.float32
-    torch.testing.assert_close(sq.sum(1), y.float().pow(2).sum(1), rtol=1e-5, atol=0)
-    z = w4a16_matmul(gx, w2, tiles, rms=(sq, 1e-6))
-    normed = y.float() * torch.rsqrt(y.float().pow(2).mean(1, keepdim=True) + 1e-6) * gamma.float()
-    assert rel_err(z, normed @ dequantize(w2)) <= 2e-3
-    for i in (0, 4, 8):
-        _, gx_i, sq_i = w4a16_matmul_norm(x[i:i + 1], w1, res[i:i + 1], gamma, tiles)
-        assert torch.equal(gx_i[0], gx[i]) and torch.equal(sq_i[0], sq[i])
-        assert torch.equal(w4a16_matmul(gx_i, w2, tiles, rms=(sq_i, 1e-6))[0], z[i])
-    with pytest.raises(ValueError, match="sums of squares must be float32"):
-        w4a16_matmul(gx, w2, tiles, rms=(sq.half(), 1e-6))
-    with pytest.raises(ValueError, match="norm's weight must have shape"):
-        w4a16_matmul_norm(x, w1, res, gamma[:64], tiles)
-
-
 def test_concatenated_projections_and_module():
     (a, ga), (b, _) = random_awq(3), random_awq(4, N=128)
     wa, wb = pack_awq(*a), pack_awq(*b)
@@ -214,45 +185,3 @@ def test_backend_refused_on_cpu_without_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="needs a CUDA device"):
         checkpoints.awq_config({}, checkpoints.W4A16_BACKEND, "cpu")
-
-
-def test_the_runner_splits_the_norms_between_int4_projections(awq_target, monkeypatch):
-    """With the Triton layer kernels, Int4Linear projections begin and finish the post-attention norms and the next
-    layer's input norms, so only the first layer's input norm is a kernel of its own: hidden states within fp16
-    rounding of the norm kernels' path, the same greedy tokens, a verify call's rows bitwise the single-token calls'
-    (batch invariance) and speculative output equal to greedy output."""
-    from lib.engine import layer_kernels
-    from lib.engine.heads import DenseHead
-    from lib.engine.runner import Acceleration, Runner
-    from lib.engine.speculative import Request, generate_baseline, generate_speculative
-    from lib.models import checkpoints
-    from lib.models.build import make_draft, make_target
-    model = checkpoints.load_model(str(awq_target), "float16", "cpu", checkpoints.W4A16_BACKEND)
-    calls = []
-    for name in ("norm", "add_norm"):
-        kernel = getattr(layer_kernels.TritonLayer, name)
-        monkeypatch.setattr(layer_kernels.TritonLayer, name,
-                            staticmethod(lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a)))
-    accel = Acceleration(rows=5, triton_layers=True)
-    folded = Runner(model, 80, Acceleration(rows=5, triton_layers=True, compile=True))
-    ids = torch.randint(3, 500, (1, 20), generator=torch.Generator().manual_seed(4))
-    folded.prefill(ids[:, :12])
-    calls.clear()
-    got = folded.forward(ids[:, 12:15], 12)
-    assert calls == ["norm"]                                            # the first layer's input norm alone
-    singles = torch.cat([folded.forward(ids[:, p:p + 1], p) for p in (12, 13, 14)], 1)
-    assert torch.equal(got, singles)
-    traced = folded._forward(ids[:, 12:15], torch.tensor(12), compiled=True)   # as torch.compile traces it (GPUs)
-    torch.testing.assert_close(traced.float(), got.float(), rtol=1e-2, atol=1e-2)
-    monkeypatch.setattr(Int4Linear, "folds_norm", False)
-    kernels = Runner(model, 80, accel)
-    kernels.prefill(ids[:, :12])
-    want = kernels.forward(ids[:, 12:15], 12)
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
-    monkeypatch.undo()
-    target = make_target(model, 80, accel)
-    draft = make_draft(model, DenseHead(model.get_output_embeddings().weight), 80, n_layers=1)
-    prompt = tuple(ids[0, :12].tolist())
-    greedy = generate_baseline(target, Request(prompt, 24)).tokens
-    for schedule in ("ordinary", "deferred"):
-        assert generate_speculative(target, draft, Request(prompt, 24, schedule, 3)).tokens == greedy

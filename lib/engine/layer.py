@@ -4,48 +4,24 @@ fused where they can be (q/k/v, gate/up: one matmul each); lib/engine/layer_kern
 for SDPA, the norm modules and RoPE where they can run."""
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 
 
-class Normed(NamedTuple):
-    """weight * RMSNorm(x), begun by the projection that made x and finished by the one that takes it (a module
-    that `folds_norm`: lib.models.int4_linear's Int4Linear): gx = weight * x, rounded once, and sq the partial sums
-    of x^2 (rows, tiles) fp32; eps the norm's. The normed rows are never stored, and the norm is not a kernel."""
-    gx: torch.Tensor
-    sq: torch.Tensor
-    eps: float
-
-
-class Stream(NamedTuple):
-    """What one layer hands the next: the residual stream x (1,n,D), and `h`, the next layer's input norm of x where
-    the last projection began it (else None: the next layer norms x itself)."""
-    x: torch.Tensor
-    h: Normed | None = None
-
-
-def layer_forward(layer, fused: dict, s: Stream, at: tuple, kv: tuple, kernels=None, next_norm=None) -> Stream:
-    """One decoder layer (Qwen3: q/k RMS norms; Llama: none) on the stream s at = (positions pos (n,), mask, cos,
+def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple, kernels=None) -> torch.Tensor:
+    """One decoder layer (Qwen3: q/k RMS norms; Llama: none) on x (1,n,D) at = (positions pos (n,), mask, cos,
     sin), writing K/V into the static cache kv = (k_cache, v_cache), (1,Hkv,max_len,hd) each; mask (n,max_len)
     allows each query its own and earlier positions (SDPA's); cos, sin (n,hd) the rotary tables at pos. kernels:
-    lib/engine/layer_kernels.py's TritonLayer in place of SDPA, the norm modules and RoPE. With kernels and fused
-    projections that fold norms, the post-attention norm and next_norm (the next layer's input norm) are split
-    between the projections before and after them (Normed)."""
+    lib/engine/layer_kernels.py's TritonLayer in place of SDPA, the norm modules and RoPE."""
     (pos, mask, cos, sin), (k_cache, v_cache) = at, kv
-    att, x = layer.self_attn, s.x
+    att = layer.self_attn
     n = x.shape[1]
-    fold = kernels is not None and "qkv" in fused and getattr(att.o_proj, "folds_norm", False)
-    h = s.h if s.h is not None else kernels.norm(layer.input_layernorm, x) if kernels else layer.input_layernorm(x)
+    h = kernels.norm(layer.input_layernorm, x) if kernels else layer.input_layernorm(x)
     if kernels and fused:                                                       # q/k norms, RoPE, cache: one kernel
         q = kernels.rope_cache(att, project(fused["qkv"], h), cos, sin, kv, pos)
     else:
         q = rope_cache(att, fused, h, cos, sin, kv, pos)
-    if fold:                                                                                # o: (1,n,heads,hd)
-        o = kernels.attend(q, k_cache, v_cache, pos)
-        x, h = project_norm(att.o_proj, o.reshape(1, n, -1), x, layer.post_attention_layernorm)
-    elif kernels:
+    if kernels:                                                                             # o: (1,n,heads,hd)
         o = kernels.attend(q, k_cache, v_cache, pos)
         x, h = kernels.add_norm(layer.post_attention_layernorm, x, project(att.o_proj, o.reshape(1, n, -1)))
     else:
@@ -53,9 +29,7 @@ def layer_forward(layer, fused: dict, s: Stream, at: tuple, kv: tuple, kernels=N
                                            enable_gqa=q.shape[1] != k_cache.shape[1]).transpose(1, 2)
         x = project(att.o_proj, o.reshape(1, n, -1), residual=x)
         h = layer.post_attention_layernorm(x)
-    if fold and next_norm is not None:
-        return Stream(*project_norm(layer.mlp.down_proj, gated(layer.mlp, fused, h), x, next_norm))
-    return Stream(project(layer.mlp.down_proj, gated(layer.mlp, fused, h), residual=x))
+    return project(layer.mlp.down_proj, gated(layer.mlp, fused, h), residual=x)
 
 
 def rope_cache(att, fused: dict, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple,
@@ -88,12 +62,10 @@ def gated(mlp, fused: dict, h: torch.Tensor) -> torch.Tensor:
 
 def project(module, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
     """A projection (plus `residual` where given): a weight tensor (fused plain Linears), a plain Linear or a module
-    that says it is `traceable` (lib.models.int4_linear's custom op, which adds the residual in its epilogue) is traced
+    that says it is `traceable` (lib.models.w4a16's custom op, which adds the residual in its epilogue) is traced
     with the layer; any other quantised module (gptqmodel's AWQ kernels) is called opaquely, since dynamo cannot
     trace their Python wrappers (a ContextVar, a lock): one graph break per call, and torch.compile fuses the
     norms, RoPE and attention between."""
-    if isinstance(x, Normed):                       # the norm begun by the projection before (project_norm)
-        return module(x.gx, residual, rms=(x.sq, x.eps))
     if residual is not None and getattr(module, "adds_residual", False):
         return module(x, residual)
     if isinstance(module, torch.Tensor):
@@ -105,13 +77,6 @@ def project(module, x: torch.Tensor, residual: torch.Tensor | None = None) -> to
     return y if residual is None else residual + y
 
 
-def project_norm(module, x: torch.Tensor, residual: torch.Tensor, norm) -> tuple[torch.Tensor, Normed]:
-    """(y, norm(y) begun) for y = residual + module(x), one call of a module that `folds_norm`; norm: a Hugging
-    Face RMSNorm module (weight, variance_epsilon)."""
-    y, gx, sq = module.forward_norm(x, residual, norm.weight)
-    return y, Normed(gx, sq, norm.variance_epsilon)
-
-
 @torch.compiler.disable
 def _opaque(module, x: torch.Tensor) -> torch.Tensor:
     return module(x)
@@ -120,7 +85,7 @@ def _opaque(module, x: torch.Tensor) -> torch.Tensor:
 def fuse_projections(layer) -> dict:
     """One projection for q/k/v and one for gate/up, letting one GEMV read each group: plain Linear weights stored
     contiguously (the modules keep views, so nothing is duplicated), or quantised modules whose class can `concat`
-    (lib.models.int4_linear.Int4Linear: its modules keep views too). Other quantised layers are left alone ({})."""
+    (lib.models.w4a16.Int4Linear: its modules keep views too). Other quantised layers are left alone ({})."""
     att, mlp = layer.self_attn, layer.mlp
     groups = {"qkv": (att.q_proj, att.k_proj, att.v_proj), "gate_up": (mlp.gate_proj, mlp.up_proj)}
     mods = [m for g in groups.values() for m in g]

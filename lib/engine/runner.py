@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..bench import NO_CLOCK, capture, on
-from .layer import Stream, fuse_projections, layer_forward
+from .layer import fuse_projections, layer_forward
 
 # torch.compile of the layer function, scoped to these calls (no global setting is changed):
 # inductor's coordinate-descent tuning took the draft step measured by notebook 02 on one H100 from 1.51 to
@@ -80,7 +80,6 @@ class Runner:
         self.graphs = accel.graphs and self.device.type == "cuda"
         self._graphs: dict = {}
         self.fused = [fuse_projections(layer) for layer in self.layers]
-        self.next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [None]    # what a layer may begin
         # One compiled layer function serves every layer (its weights are inputs), once per length n.
         # Quantised projections break the graph (see `project`): the pieces between them are compiled.
         whole = all(self.fused)
@@ -98,14 +97,14 @@ class Runner:
         pos = start + self.arange[:n]                                                       # (n,)
         kernels = self.kernels if n <= TRITON_LAYER_ROWS else None
         mask = None if kernels else self.arange[None, :] <= pos[:, None]                     # (n,max_len) causal
-        s = Stream(self.body.embed_tokens(ids))
+        x = self.body.embed_tokens(ids)
         at = (pos, mask, self.cos[pos], self.sin[pos])                                      # cos, sin: (n,hd)
         compiled = compiled and self._layer is not None                                     # eager for any-length prefill
         fn = self._layer if compiled else layer_forward
         with torch._dynamo.config.patch(**RECOMPILE_LIMITS) if compiled else nullcontext():
             for i, layer in enumerate(self.layers):
-                s = fn(layer, self.fused[i], s, at, self.cache.layer(i), kernels, self.next_norms[i])
-        return self.body.norm(s.x)
+                x = fn(layer, self.fused[i], x, at, self.cache.layer(i), kernels)
+        return self.body.norm(x)
 
     def _argmax(self, h: torch.Tensor) -> torch.Tensor:
         return (h[0] @ self.model.get_output_embeddings().weight.T).argmax(-1)              # (n,)

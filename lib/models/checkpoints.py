@@ -175,7 +175,7 @@ def load_model(path: str, dtype: str, device: str, awq_backend: str = "", config
     if quant and not any(hasattr(m, "qweight") for m in model.modules()):
         raise RuntimeError(f"{path}: AWQ checkpoint loaded without any quantised layer (backend {awq_backend!r})")
     if quant and awq_backend == W4A16_BACKEND:
-        from .int4_linear import swap_awq_modules                          # Triton: imported only when asked for
+        from .w4a16 import swap_awq_modules                           # Triton: imported only when asked for
         swap_awq_modules(model)
     return model
 

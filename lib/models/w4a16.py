@@ -91,9 +91,6 @@ class Tiles:
                                    # with split-K: 8 bytes)
 
 
-DEFAULT_TILES = Tiles()            # what Int4Linear runs (benchmarks set another to compare)
-
-
 @triton.jit
 def _pair(p, j: tl.constexpr, zz, zh, DT: tl.constexpr, EMULATE: tl.constexpr):
     """(lo, hi) = the codes of chunk j (bits 4j..4j+3 and 16+4j..) of the words p minus the zero point, as DT; zz
@@ -135,11 +132,10 @@ def _half(words, zz, zh, BLOCK_N: tl.constexpr, DT: tl.constexpr, EMULATE: tl.co
 
 
 @triton.jit(do_not_specialize=["M"])                            # one compiled kernel for every M (M == 1 too)
-def _w4a16_kernel(x_ptr, w_ptr, g_ptr, part_ptr, count_ptr, res_ptr, out_ptr, sq_ptr, gamma_ptr, gx_ptr, sq_out_ptr,
-                  M, N, K, stride_xm, stride_w, stride_g, k_per_split, n_sq, eps, BLOCK_N: tl.constexpr,
-                  MAGIC: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr, RMS_IN: tl.constexpr,
-                  RMS_OUT: tl.constexpr, BT: tl.constexpr, EMULATE: tl.constexpr):
-    """RESIDUAL: out = res + the product, added in fp32 and rounded once. RMS_IN and RMS_OUT: see _epilogue."""
+def _w4a16_kernel(x_ptr, w_ptr, g_ptr, part_ptr, count_ptr, res_ptr, out_ptr, M, N, K, stride_xm, stride_w,
+                  stride_g, k_per_split, BLOCK_N: tl.constexpr, MAGIC: tl.constexpr, SPLIT: tl.constexpr,
+                  RESIDUAL: tl.constexpr, EMULATE: tl.constexpr):
+    """RESIDUAL: out = res + the product, added in fp32 and rounded once."""
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     rows = pid_m * 16 + tl.arange(0, 16)
@@ -148,17 +144,6 @@ def _w4a16_kernel(x_ptr, w_ptr, g_ptr, part_ptr, count_ptr, res_ptr, out_ptr, sq
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < N
     k_start = pid_k * k_per_split
-    # what the epilogue needs of the split norm (_epilogue), read before the loop: its latency hides under the
-    # first weights' (read in the epilogue instead, they added a round trip to every call's tail)
-    inv_rms = tl.zeros((16,), tl.float32)
-    if RMS_IN:                                                   # 1 / rms of each row, from the partial sums
-        t = tl.arange(0, BT)
-        sq = tl.load(sq_ptr + rows[:, None] * n_sq + t[None, :], mask=(rows[:, None] < M) & (t[None, :] < n_sq),
-                     other=0.0)
-        inv_rms = tl.rsqrt(tl.sum(sq, 1) / K + eps)
-    gamma = tl.zeros((BLOCK_N,), tl.float32)
-    if RMS_OUT:
-        gamma = tl.load(gamma_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), 128):
         g = k0 // 128                                            # one group a K-block
@@ -194,33 +179,16 @@ def _w4a16_kernel(x_ptr, w_ptr, g_ptr, part_ptr, count_ptr, res_ptr, out_ptr, sq
             acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
             for kr in range(splits):                             # fixed order: deterministic, batch-invariant
                 acc += tl.load(part_ptr + kr * M * N + at, mask=keep, other=0.0, cache_modifier=".cg")
-            _epilogue(acc, rows, cols, M, N, res_ptr, out_ptr, gx_ptr, sq_out_ptr, inv_rms, gamma, RESIDUAL, RMS_IN,
-                      RMS_OUT)
+            _store(out_ptr, res_ptr, at, keep, acc, RESIDUAL)
     else:
-        _epilogue(acc, rows, cols, M, N, res_ptr, out_ptr, gx_ptr, sq_out_ptr, inv_rms, gamma, RESIDUAL, RMS_IN,
-                  RMS_OUT)
+        _store(out_ptr, res_ptr, at, keep, acc, RESIDUAL)
 
 
 @triton.jit
-def _epilogue(acc, rows, cols, M, N, res_ptr, out_ptr, gx_ptr, sq_out_ptr, inv_rms, gamma, RESIDUAL: tl.constexpr,
-              RMS_IN: tl.constexpr, RMS_OUT: tl.constexpr):
-    """The (BLOCK_N, 16) fp32 sums of a tile of out^T, finished and stored. An RMSNorm split across two calls:
-    RMS_OUT: also gx = gamma * out (one rounding) and the sum of out^2 over this tile's columns, a row's partial of
-    its mean square, in sq_out (M, column tiles); RMS_IN: x was such a gx, and each row is multiplied by its
-    inv_rms (from the partials, summed in a fixed order, their mean over K plus eps) before the residual and the
-    rounding."""
-    at = rows[None, :] * N + cols[:, None]
-    keep = (rows[None, :] < M) & (cols[:, None] < N)
-    if RMS_IN:
-        acc = acc * inv_rms[None, :]
+def _store(out_ptr, res_ptr, at, keep, acc, RESIDUAL: tl.constexpr):
     if RESIDUAL:
         acc += tl.load(res_ptr + at, mask=keep, other=0.0).to(tl.float32)
-    y = acc.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + at, y, mask=keep)
-    if RMS_OUT:
-        yf = tl.where(keep, y.to(tl.float32), 0.0)
-        tl.store(sq_out_ptr + rows * tl.num_programs(0) + tl.program_id(0), tl.sum(yf * yf, 0), mask=rows < M)
-        tl.store(gx_ptr + at, (gamma[:, None] * yf).to(gx_ptr.dtype.element_ty), mask=keep)
+    tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=keep)
 
 
 # Triton picks the interpreter when the kernels are decorated, so ask the kernel rather than the environment
@@ -274,23 +242,8 @@ def split_plan(K: int, N: int, tiles: Tiles) -> tuple[int, int]:
 
 
 def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dtype: torch.dtype | None = None,
-                 residual: torch.Tensor | None = None, rms: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
-    """y (M, N) = x (M, K) @ W (+ residual (M, N)), fp32 accumulation, as out_dtype (default x's dtype).
-    rms = (sq, eps) finishes an RMSNorm begun by w4a16_matmul_norm: x is its gx = gamma * h and sq (M, T) fp32 its
-    partial sums of h^2; each row of the product is multiplied by 1 / sqrt(mean(h^2) + eps) before the residual."""
-    return _launch(x, w, tiles, out_dtype, residual, rms, None)[0]
-
-
-def w4a16_matmul_norm(x: torch.Tensor, w: PackedInt4, residual: torch.Tensor | None, gamma: torch.Tensor,
-                      tiles: Tiles = Tiles(), rms: tuple[torch.Tensor, float] | None = None) -> tuple:
-    """(y, gx, sq): y as w4a16_matmul, and the first half of RMSNorm(y) * gamma for the next projection: gx = gamma
-    * y (fp32 product, one rounding) and sq (M, N / block_n) fp32, the sums of y^2 over each tile of columns. The
-    next call takes gx as its x and (sq, eps) as its rms; the normed rows themselves are never stored."""
-    y, gx, sq = _launch(x, w, tiles, None, residual, rms, gamma)
-    return y, gx, sq
-
-
-def _launch(x: torch.Tensor, w: PackedInt4, tiles: Tiles, out_dtype, residual, rms, gamma) -> tuple:
+                 residual: torch.Tensor | None = None):
+    """y (M, N) = x (M, K) @ W (+ residual (M, N)), fp32 accumulation, as out_dtype (default x's dtype)."""
     M, K = x.shape
     N = w.groups.shape[1]
     if K != w.words.shape[0] * 64 or x.dtype != w.groups.dtype:
@@ -302,31 +255,93 @@ def _launch(x: torch.Tensor, w: PackedInt4, tiles: Tiles, out_dtype, residual, r
         raise ValueError(f"the residual must be contiguous of shape {(M, N)}, got {tuple(residual.shape)}")
     if w.words.stride()[1:] != (8, 1) or w.groups.stride()[1:] != (2, 1):
         raise ValueError("w4a16: the words' (N, 8) rows and the groups' (N, 2) rows must be contiguous")
-    if rms is not None and (rms[0].dtype != torch.float32 or rms[0].dim() != 2 or rms[0].shape[0] != M):
-        raise ValueError(f"rms: the sums of squares must be float32 of shape ({M}, T), got {tuple(rms[0].shape)} "
-                         f"{rms[0].dtype}")
-    if gamma is not None and gamma.shape != (N,):
-        raise ValueError(f"the norm's weight must have shape ({N},), got {tuple(gamma.shape)}")
     x = x if x.stride(1) == 1 else x.contiguous()
     split, per = split_plan(K, N, tiles)
     grid = (triton.cdiv(N, tiles.block_n), split, triton.cdiv(M, ROWS))
     y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty(split, M, N, dtype=torch.float32, device=x.device) if split > 1 else y
-    gx, sq = (torch.empty_like(y, dtype=x.dtype), torch.empty(M, grid[0], dtype=torch.float32, device=x.device)
-              ) if gamma is not None else (y, y)
-    sq_in, eps = (rms[0].contiguous(), float(rms[1])) if rms is not None else (y[:, :0], 0.0)
     count = tile_counters(x.device, grid[0] * grid[2])
     with on(x.device):                                           # Triton launches on the current device
         _w4a16_kernel[grid](x, w.words, w.groups.view(torch.int32), part, count, y if residual is None else residual,
-                            y, sq_in, y if gamma is None else gamma, gx, sq, M, N, K, x.stride(0), w.words.stride(0),
-                            w.groups.stride(0) // 2, per, sq_in.shape[1], eps, tiles.block_n, _MAGIC[x.dtype],
-                            split > 1, residual is not None, rms is not None, gamma is not None,
-                            triton.next_power_of_2(max(16, sq_in.shape[1])), _EMULATE,
+                            y, M, N, K, x.stride(0), w.words.stride(0), w.groups.stride(0) // 2, per, tiles.block_n,
+                            _MAGIC[x.dtype], split > 1, residual is not None, _EMULATE,
                             num_warps=tiles.num_warps, num_stages=tiles.num_stages,
                             **({} if tiles.maxnreg is None or _EMULATE else {"maxnreg": tiles.maxnreg}))
-    return y, gx, sq
+    return y
 
 
 def tile_counters(device: torch.device, n: int) -> torch.Tensor:
     """The W4A16 kernel's counters (lib/engine/kernels.py: counters); Int4Linear makes them at load."""
     return counters(device, n, "w4a16")
+
+
+DEFAULT_TILES = Tiles()            # what Int4Linear runs (benchmarks set another to compare)
+
+
+@torch.library.custom_op("study::w4a16_matmul", mutates_args=())
+def _w4a16_op(x: torch.Tensor, words: torch.Tensor, groups: torch.Tensor,
+              residual: torch.Tensor | None = None) -> torch.Tensor:
+    return w4a16_matmul(x, PackedInt4(words, groups), DEFAULT_TILES, residual=residual)
+
+
+@_w4a16_op.register_fake
+def _(x, words, groups, residual=None):
+    return x.new_empty(x.shape[0], groups.shape[1])
+
+
+class Int4Linear(torch.nn.Module):
+    """A bias-free Linear of AWQ int4 weights through w4a16_matmul. A custom op, so torch.compile traces the layer
+    around it without a graph break (`traceable`); `concat` fuses projections of one input; the kernel adds a
+    residual in its epilogue (`adds_residual`: lib/engine/layer.py's project), so that the layer's residual add
+    after the projection is not a kernel of its own."""
+    traceable = True
+    adds_residual = True
+
+    def __init__(self, w: PackedInt4):
+        super().__init__()
+        self.in_features, self.out_features = w.words.shape[0] * 64, w.groups.shape[1]
+        for name, t in w._asdict().items():
+            self.register_buffer(name, t)
+        tile_counters(w.words.device, 0)
+
+    @classmethod
+    def from_awq(cls, module) -> "Int4Linear":
+        """From a loaded AWQ module (gptqmodel's: qweight, qzeros, scales, group_size; no bias)."""
+        if getattr(module, "bias", None) is not None:
+            raise ValueError(f"{type(module).__name__} has a bias; the W4A16 backend takes bias-free projections")
+        return cls(pack_awq(module.qweight, module.qzeros, module.scales, getattr(module, "group_size", GROUP)))
+
+    @classmethod
+    def concat(cls, modules) -> "Int4Linear":
+        """One module for `modules` side by side; they keep views of its tensors, so nothing is duplicated."""
+        fused = cls(concat([m.packed for m in modules]))
+        start = 0
+        for m in modules:
+            cols = slice(start, start + m.out_features)
+            m.words, m.groups = fused.words[:, cols], fused.groups[:, cols]
+            start = cols.stop
+        return fused
+
+    @property
+    def packed(self) -> PackedInt4:
+        return PackedInt4(self.words, self.groups)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        # inference only: the op has no gradient, so x is detached (a compiled layer whose inputs require grad
+        # would otherwise trace a backward through it)
+        x2 = x.detach().reshape(-1, self.in_features)
+        r2 = None if residual is None else residual.detach().reshape(-1, self.out_features).contiguous()
+        y = torch.ops.study.w4a16_matmul(x2, self.words, self.groups, r2)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def swap_awq_modules(model) -> int:
+    """Replace every loaded AWQ module of `model` (gptqmodel's: qweight, qzeros, scales) by an Int4Linear on the same
+    weights, freeing the AWQ tensors as it goes; returns how many were swapped."""
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if all(hasattr(child, t) for t in ("qweight", "qzeros", "scales")):
+                setattr(parent, name, Int4Linear.from_awq(child))
+                swapped += 1
+    return swapped
