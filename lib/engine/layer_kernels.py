@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ..bench import on
-from .kernels import _combine_splits, _qkv_heads, counters
+from .kernels import _combine_splits, _launch_next, _qkv_heads, _wait, counters, launches
 
 SPLIT = 256                     # cache positions an attention program takes
 BLOCK = 128                     # positions a step of its loop scores
@@ -43,7 +43,9 @@ NORM_WARPS = 8
 @triton.jit
 def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, out_ptr, scale, sq_h, sq_n,
                      sk_h, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, S: tl.constexpr,
-                     BL: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, PREC: tl.constexpr):
+                     BL: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+    _launch_next(PDL == 1)
+    _wait(PDL > 0)
     h, r, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     g, d = tl.arange(0, GP), tl.arange(0, HD)
     heads, real = h * G + g, g < G                               # GP >= 16 rows for the dot: G real ones
@@ -66,6 +68,7 @@ def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, 
         l = l * keep + tl.sum(e, 1)
         acc = acc * keep[:, None] + tl.dot(e.to(vt.dtype), vt, input_precision=PREC)
         m = top
+    _launch_next(PDL == 2)
     at = (r * HQ + heads) * NS + s                               # (row, head, split): a split past pos stores
     tl.store(ml_ptr + at * 2, m, mask=real)                      # max -inf, sum 0, weighted V 0
     tl.store(ml_ptr + at * 2 + 1, l, mask=real)
@@ -79,6 +82,9 @@ def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, 
         for j in tl.static_range(G):
             o = _combine_splits(ml_ptr, part_ptr, (r * HQ + h * G + j) * NS + sp, live, d)
             tl.store(out_ptr + (r * HQ + h * G + j) * HD + d, o.to(out_ptr.dtype.element_ty))
+
+
+PDL = 0                         # experiment: 0 plain, 1 trigger at the start, 2 attention's after its loop
 
 
 def supported(device: torch.device, head_dim: int) -> str:
@@ -107,11 +113,12 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     part = torch.empty(n, HQ, ns, HD, dtype=torch.float32, device=q.device)
     ml = torch.empty(n, HQ, ns, 2, dtype=torch.float32, device=q.device)
     count = counters(q.device, n * Hkv, "attention")
+    pdl, opts = launches(q.device, warps, PDL > 0)
     with on(q.device):                                           # Triton launches on the current device
         _layer_attention[(Hkv, n, ns)](q, k_cache, v_cache, pos, part, ml, count, out, HD ** -0.5, q.stride(1),
                                        q.stride(2), L * HD, HQ, G, max(16, triton.next_power_of_2(G)), HD, split,
                                        block, ns, triton.next_power_of_2(ns),
-                                       "ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps)
+                                       "ieee" if q.dtype == torch.float32 else "tf32", PDL if pdl else 0, **opts)
     return out
 
 
@@ -128,10 +135,12 @@ def _(q, k_cache, v_cache, pos):
 
 @triton.jit
 def _layer_rope_cache(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, q_ptr, eps, L, row,
-                      HQ: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NORM: tl.constexpr):
+                      HQ: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
     """Program (r, a): query head a of row r (of the q/k/v projection's rows, `row` apart) RMS-normed (Qwen3) and
     rotated into q (n, HQ, HD); the first query head of each KV head also writes that head's k (normed, rotated)
     and v into the caches at the row's position."""
+    _launch_next(PDL > 0)
+    _wait(PDL > 0)
     r, a = tl.program_id(0), tl.program_id(1)
     h, d = a // G, tl.arange(0, HD)
     rot = (d + HD // 2) % HD
@@ -163,9 +172,10 @@ def rope_cache(qkv: torch.Tensor, norms: list[torch.Tensor], rope: list[torch.Te
     qkv = qkv.contiguous()
     q = torch.empty(1, n, heads, HD, dtype=qkv.dtype, device=qkv.device)
     qn, kn = norms or (cos, cos)
+    pdl, opts = launches(qkv.device, 1, PDL > 0)
     with on(qkv.device):
         _layer_rope_cache[(n, heads)](qkv, qn, kn, cos.contiguous(), sin.contiguous(), k_cache, v_cache, pos, q, eps,
-                                      L, qkv.stride(1), heads, heads // Hkv, HD, bool(norms), num_warps=1)
+                                      L, qkv.stride(1), heads, heads // Hkv, HD, bool(norms), pdl, **opts)
     return q.transpose(1, 2)
 
 
@@ -182,8 +192,11 @@ def _(qkv, norms, rope, caches, pos, eps):
 
 
 @triton.jit
-def _layer_rms_norm(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, eps, D, BD: tl.constexpr, ADD: tl.constexpr):
+def _layer_rms_norm(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, eps, D, BD: tl.constexpr, ADD: tl.constexpr,
+                    PDL: tl.constexpr):
     """Row r: out = w * RMSNorm(x (+ y)), the sum stored to sum_ptr where ADD."""
+    _launch_next(PDL > 0)
+    _wait(PDL > 0)
     r = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BD)
     ok = d < D
@@ -203,9 +216,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, y: torch.Tensor 
     x = x.contiguous()
     s = x if y is None else torch.empty_like(x)
     out = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
+    pdl, opts = launches(x.device, NORM_WARPS, PDL > 0)
     with on(x.device):
         _layer_rms_norm[(x.numel() // D,)](x, x if y is None else y.contiguous(), weight, s, out, eps, D,
-                                           triton.next_power_of_2(D), y is not None, num_warps=NORM_WARPS)
+                                           triton.next_power_of_2(D), y is not None, pdl, **opts)
     return out, s
 
 
