@@ -19,6 +19,9 @@ q/k norms, RoPE and the cache write (rope_cache): one program a query head and r
 torch.compile made of them; on one H100 (h100awq target step, 8 rows, interleaved; experiment record in the README)
 8.640 -> 8.551 ms, 64 launches of 2.2 us against 128 of 1.5.
 
+On Hopper each is a programmatic dependent launch (lib/models/w4a16.py says what it gained): it waits for the
+kernel before at its top; the attention lets the next kernel launch after its loop, the others at their start.
+
 RMSNorm: one program a row holds the whole row; with a residual, the sum is stored (the new residual stream) and
 normalised. Rounding follows the Hugging Face module: fp32 statistics, normalised row rounded to the dtype, then
 times the weight.
@@ -44,8 +47,7 @@ NORM_WARPS = 8
 def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, out_ptr, scale, sq_h, sq_n,
                      sk_h, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, S: tl.constexpr,
                      BL: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
-    _launch_next(PDL == 1)
-    _wait(PDL > 0)
+    _wait(PDL)                                                   # q and the cache written by the kernel before
     h, r, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     g, d = tl.arange(0, GP), tl.arange(0, HD)
     heads, real = h * G + g, g < G                               # GP >= 16 rows for the dot: G real ones
@@ -68,7 +70,7 @@ def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, 
         l = l * keep + tl.sum(e, 1)
         acc = acc * keep[:, None] + tl.dot(e.to(vt.dtype), vt, input_precision=PREC)
         m = top
-    _launch_next(PDL == 2)
+    _launch_next(PDL)                                            # our scores done: the o-projection may launch
     at = (r * HQ + heads) * NS + s                               # (row, head, split): a split past pos stores
     tl.store(ml_ptr + at * 2, m, mask=real)                      # max -inf, sum 0, weighted V 0
     tl.store(ml_ptr + at * 2 + 1, l, mask=real)
@@ -82,9 +84,6 @@ def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, 
         for j in tl.static_range(G):
             o = _combine_splits(ml_ptr, part_ptr, (r * HQ + h * G + j) * NS + sp, live, d)
             tl.store(out_ptr + (r * HQ + h * G + j) * HD + d, o.to(out_ptr.dtype.element_ty))
-
-
-PDL = 0                         # experiment: 0 plain, 1 trigger at the start, 2 attention's after its loop
 
 
 def supported(device: torch.device, head_dim: int) -> str:
@@ -113,12 +112,12 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     part = torch.empty(n, HQ, ns, HD, dtype=torch.float32, device=q.device)
     ml = torch.empty(n, HQ, ns, 2, dtype=torch.float32, device=q.device)
     count = counters(q.device, n * Hkv, "attention")
-    pdl, opts = launches(q.device, warps, PDL > 0)
+    pdl, opts = launches(q.device, warps)
     with on(q.device):                                           # Triton launches on the current device
         _layer_attention[(Hkv, n, ns)](q, k_cache, v_cache, pos, part, ml, count, out, HD ** -0.5, q.stride(1),
                                        q.stride(2), L * HD, HQ, G, max(16, triton.next_power_of_2(G)), HD, split,
                                        block, ns, triton.next_power_of_2(ns),
-                                       "ieee" if q.dtype == torch.float32 else "tf32", PDL if pdl else 0, **opts)
+                                       "ieee" if q.dtype == torch.float32 else "tf32", pdl, **opts)
     return out
 
 
@@ -139,8 +138,8 @@ def _layer_rope_cache(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
     """Program (r, a): query head a of row r (of the q/k/v projection's rows, `row` apart) RMS-normed (Qwen3) and
     rotated into q (n, HQ, HD); the first query head of each KV head also writes that head's k (normed, rotated)
     and v into the caches at the row's position."""
-    _launch_next(PDL > 0)
-    _wait(PDL > 0)
+    _launch_next(PDL)
+    _wait(PDL)
     r, a = tl.program_id(0), tl.program_id(1)
     h, d = a // G, tl.arange(0, HD)
     rot = (d + HD // 2) % HD
@@ -172,7 +171,7 @@ def rope_cache(qkv: torch.Tensor, norms: list[torch.Tensor], rope: list[torch.Te
     qkv = qkv.contiguous()
     q = torch.empty(1, n, heads, HD, dtype=qkv.dtype, device=qkv.device)
     qn, kn = norms or (cos, cos)
-    pdl, opts = launches(qkv.device, 1, PDL > 0)
+    pdl, opts = launches(qkv.device, 1)
     with on(qkv.device):
         _layer_rope_cache[(n, heads)](qkv, qn, kn, cos.contiguous(), sin.contiguous(), k_cache, v_cache, pos, q, eps,
                                       L, qkv.stride(1), heads, heads // Hkv, HD, bool(norms), pdl, **opts)
@@ -195,8 +194,8 @@ def _(qkv, norms, rope, caches, pos, eps):
 def _layer_rms_norm(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, eps, D, BD: tl.constexpr, ADD: tl.constexpr,
                     PDL: tl.constexpr):
     """Row r: out = w * RMSNorm(x (+ y)), the sum stored to sum_ptr where ADD."""
-    _launch_next(PDL > 0)
-    _wait(PDL > 0)
+    _launch_next(PDL)
+    _wait(PDL)
     r = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BD)
     ok = d < D
@@ -216,7 +215,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, y: torch.Tensor 
     x = x.contiguous()
     s = x if y is None else torch.empty_like(x)
     out = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
-    pdl, opts = launches(x.device, NORM_WARPS, PDL > 0)
+    pdl, opts = launches(x.device, NORM_WARPS)
     with on(x.device):
         _layer_rms_norm[(x.numel() // D,)](x, x if y is None else y.contiguous(), weight, s, out, eps, D,
                                            triton.next_power_of_2(D), y is not None, pdl, **opts)

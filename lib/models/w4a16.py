@@ -43,10 +43,9 @@ ramp-up of one wave and the split-K tail). Before the scale-and-zero word and th
 alone takes 77-78, 6 an SM), a K-block loop of 221 warp instructions for 2,048 weights a warp (226 before); ncu on
 gate/up: issue slots busy 70 % of the time (63 % before), DRAM at 70 % of its peak. The eight-dot kernel before
 these: 319 instructions, 48 registers, 137-166 us a layer.
-Tried and dropped with the eight-dot kernel (one H100, h100awq target step, interleaved; a development script at
-d3184b8, not in outputs/): programmatic dependent launch, each matmul launched during the kernel before it and
-prefetching its first K-blocks of weights into L2: 12.32 ms a step without the prefetch, 12.63 with 2 K-blocks,
-12.92 with 4, against 12.24 ms with plain launches.
+Programmatic dependent launch (Hopper): a call waits for the kernel before at its top and lets the next launch
+after its K loop, hiding that launch under its tail. One H100, h100awq step (devtmp/pdl_ab.py): 8.576 -> 8.480 ms;
+triggered at the top 8.661 (slower), with the first K-blocks asked into L2 before the wait 8.567.
 Under TRITON_INTERPRET=1 (CPU) inline PTX cannot run, so there the same q - z come from integer arithmetic and
 the products are summed in fp32 (`_EMULATE`).
 """
@@ -69,7 +68,6 @@ ROWS = 16                          # activation rows of one program (the wgmma's
 # tried), o (8; 4, 16), gate/up (1; 2, 4, 8: 4 was 6 % slower) and down (8; 16 was 11 % slower); the same with the
 # scale-and-zero word at 1 and 8 rows (q/k/v 2-8, o 4-16, gate/up 1-2, down 4-16 tried; 3 stages best of 2-4)
 PROGRAMS = 640
-PDL = 0                            # experiment: 0 plain launches, 1 trigger at the start, 2 after the K loop
 MAX_SPLIT = 16                     # K ranges at most (partials cost M * N * 4 bytes a range)
 _MAGIC = {torch.float16: 0x6400, torch.bfloat16: 0x4300}      # 1024.0 (fp16) and 128.0 (bf16)
 
@@ -132,27 +130,14 @@ def _half(words, zz, zh, BLOCK_N: tl.constexpr, DT: tl.constexpr, EMULATE: tl.co
     return tl.join(tl.join(c0, c1), tl.join(c2, c3))
 
 
-@triton.jit
-def _prefetch_l2(w_ptr, row0, row_end, col0, row_len, stride_w, ROWS: tl.constexpr, LINES: tl.constexpr):
-    """Ask L2 for the 128-byte lines of words [row0, row_end) x [col0, col0 + 32 LINES) (int32 elements)."""
-    r = row0 + tl.arange(0, ROWS)[:, None]
-    c = col0 + 32 * tl.arange(0, LINES)[None, :]
-    at = tl.where((r < row_end) & (c < row_len), r.to(tl.int64) * stride_w + c, 0)   # out of range: a valid line
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [w_ptr + at], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
 @triton.jit(do_not_specialize=["M"])                            # one compiled kernel for every M (M == 1 too)
 def _w4a16_kernel(x_ptr, w_ptr, g_ptr, part_ptr, count_ptr, res_ptr, out_ptr, M, N, K, stride_xm, stride_w,
                   stride_g, k_per_split, BLOCK_N: tl.constexpr, MAGIC: tl.constexpr, SPLIT: tl.constexpr,
                   RESIDUAL: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr):
-    """RESIDUAL: out = res + the product, added in fp32 and rounded once."""
-    _launch_next(PDL == 1)
+    """RESIDUAL: out = res + the product, added in fp32 and rounded once. PDL: launched as a programmatic
+    dependent launch (Hopper): waits for the kernel before at its top, lets the next launch after its K loop."""
+    _wait(PDL)                                                   # x (and the residual) written by the kernel before
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if PDL == 3:                                                 # no kernel writes weights: start on ours now
-        kb = 2 * ((pid_k * k_per_split) // 128)
-        _prefetch_l2(w_ptr, kb, tl.minimum(kb + 4, K // 64), pid_n * BLOCK_N * 8, N * 8, stride_w, 4, BLOCK_N // 4)
-    _wait(PDL > 0)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     rows = pid_m * 16 + tl.arange(0, 16)
     k128 = tl.arange(0, 128)
@@ -183,7 +168,7 @@ def _w4a16_kernel(x_ptr, w_ptr, g_ptr, part_ptr, count_ptr, res_ptr, out_ptr, M,
         else:
             part = tl.dot(w, xt, out_dtype=tl.float32)
         acc += part * s[:, None]                                 # the group's scale, in fp32
-    _launch_next(PDL >= 2)
+    _launch_next(PDL)                # the next kernel's programs take the SMs as ours end, and wait for our stores
     at = rows[None, :] * N + cols[:, None]
     keep = (rows[None, :] < M) & ok[:, None]
     if SPLIT:                                                    # fp32 partials; the last range to finish adds them
@@ -278,11 +263,11 @@ def w4a16_matmul(x: torch.Tensor, w: PackedInt4, tiles: Tiles = Tiles(), out_dty
     y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty(split, M, N, dtype=torch.float32, device=x.device) if split > 1 else y
     count = tile_counters(x.device, grid[0] * grid[2])
-    pdl, opts = launches(x.device, tiles.num_warps, PDL > 0)
+    pdl, opts = launches(x.device, tiles.num_warps)
     with on(x.device):                                           # Triton launches on the current device
         _w4a16_kernel[grid](x, w.words, w.groups.view(torch.int32), part, count, y if residual is None else residual,
                             y, M, N, K, x.stride(0), w.words.stride(0), w.groups.stride(0) // 2, per, tiles.block_n,
-                            _MAGIC[x.dtype], split > 1, residual is not None, _EMULATE, PDL if pdl else 0,
+                            _MAGIC[x.dtype], split > 1, residual is not None, _EMULATE, pdl,
                             num_stages=tiles.num_stages, **opts,
                             **({} if tiles.maxnreg is None or _EMULATE else {"maxnreg": tiles.maxnreg}))
     return y
