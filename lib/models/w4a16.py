@@ -44,7 +44,7 @@ alone takes 77-78, 6 an SM), a K-block loop of 221 warp instructions for 2,048 w
 gate/up: issue slots busy 70 % of the time (63 % before), DRAM at 70 % of its peak. The eight-dot kernel before
 these: 319 instructions, 48 registers, 137-166 us a layer.
 Programmatic dependent launch (Hopper): a call waits for the kernel before at its top and lets the next launch
-after its K loop, hiding that launch under its tail. One H100, h100awq step (devtmp/pdl_ab.py): 8.576 -> 8.480 ms;
+after its K loop, hiding that launch under its tail. One H100, h100awq step (record 51bc51e): 8.576 -> 8.480 ms;
 triggered at the top 8.661 (slower), with the first K-blocks asked into L2 before the wait 8.567.
 Under TRITON_INTERPRET=1 (CPU) inline PTX cannot run, so there the same q - z come from integer arithmetic and
 the products are summed in fp32 (`_EMULATE`).
