@@ -332,14 +332,11 @@ class Rounds:
     def append(self) -> None:
         """Feed the round's final token to the target (ordinary, pipelined): its output is the next pending."""
         s, appended, self.appended = self.s, self.appended, False
-        if appended:                                                        # launched by launch_append
-            s.t_pos += 1
-            self.res.append_calls += 1
-            return
-        if self.request.schedule == DEFERRED or s.done():
-            with self.clock.span("finalize"):                                # nothing to append
-                pass
-            return
-        self.appender.submit(s.buf[None, s.t_pos:s.t_pos + 1], s.t_pos)
+        if not appended:                                                    # (else launched by launch_append)
+            if self.request.schedule == DEFERRED or s.done():
+                with self.clock.span("finalize"):                            # nothing to append
+                    pass
+                return
+            self.appender.submit(s.buf[None, s.t_pos:s.t_pos + 1], s.t_pos)
         s.t_pos += 1
         self.res.append_calls += 1

@@ -154,8 +154,8 @@ def overlap(agg: pd.DataFrame) -> pd.DataFrame:
 
 def call_counts(agg: pd.DataFrame) -> pd.DataFrame:
     """Rounds, target calls, skipped verify calls and rounds whose proposal block (deferred) or append (ordinary) was
-    launched ahead of the host's read (on a GPU) per mode, less the modes whose counters follow measured timings (modes.follows_timings: they differ from
-    machine to machine)."""
+    launched ahead of the host's read (on a GPU) per mode, less the modes whose counters follow measured timings
+    (modes.follows_timings: they differ from machine to machine)."""
     timed = agg.apply(lambda r: modes.follows_timings(r.draft, r.k_policy), axis=1)
     return agg[~timed][["rounds", "verify_calls", "append_calls", "skipped", "launched_ahead", "appended_ahead"]]
 
