@@ -162,26 +162,6 @@ def test_rope_cache_on_the_gpu(pair):
         torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)
 
 
-def test_weights_started_into_l2_change_no_bit_on_the_gpu():
-    """The norms and the q/k norms + RoPE kernel starting weights into L2 (on Hopper; elsewhere the option is off)
-    give the bits they give without, the norm's extra programs writing nothing."""
-    from lib.engine import layer_kernels as LK
-    g = torch.Generator(device=DEV).manual_seed(0)
-    w = torch.randint(0, 2 ** 30, (LK.AHEAD_BYTES // 16, 8), dtype=torch.int32, device=DEV, generator=g)  # 2x the cap
-    x, y = (torch.randn(3, 5120, device=DEV, dtype=torch.float16, generator=g) for _ in "xy")
-    gamma = torch.randn(5120, device=DEV, dtype=torch.float16, generator=g)
-    for add in (None, y):
-        want, got = LK.rms_norm(x, gamma, 1e-6, add), LK.rms_norm(x, gamma, 1e-6, add, ahead=w)
-        assert all(torch.equal(a, b) for a, b in zip(want, got))
-    qkv = torch.randn(1, 3, 12 * 128, device=DEV, dtype=torch.float16, generator=g)
-    norms = [torch.randn(128, device=DEV, dtype=torch.float16, generator=g) for _ in "qk"]
-    rope = [torch.randn(3, 128, device=DEV, dtype=torch.float16, generator=g) for _ in "cs"]
-    caches = [[torch.zeros(1, 2, 40, 128, device=DEV, dtype=torch.float16) for _ in "kv"] for _ in "ab"]
-    pos = torch.arange(5, 8, device=DEV)
-    q = [LK.rope_cache(qkv, norms, rope, c, pos, 1e-6, ahead) for c, ahead in zip(caches, (None, w))]
-    assert torch.equal(q[0], q[1]) and all(torch.equal(a, b) for a, b in zip(*caches))
-
-
 def test_a_two_token_fused_step_is_two_single_steps_on_the_gpu(pair):
     """The fused draft step fed 2 tokens (each weight read once; the second token's attention launched during the
     first's, reading its cache entry after the wait): the bits of two 1-token steps, cache included (fp16)."""

@@ -49,19 +49,6 @@ def _launch_next(PDL: tl.constexpr):
 
 
 @triton.jit
-def _start_into_l2(ptr, nbytes, part, parts, LANES: tl.constexpr):
-    """Start share `part` of `parts` of the nbytes at ptr on its way into L2 (Hopper's bulk prefetch, one
-    instruction a lane, LANES = the program's threads; nothing waits for it): a later kernel reading those bytes
-    then finds them there. Values never depend on it; only where the bytes come from does."""
-    share = (nbytes // parts + 16 * LANES - 1) // (16 * LANES) * (16 * LANES)   # whole 16-byte units a lane
-    off = part.to(tl.int64) * share + tl.arange(0, LANES) * (share // LANES)
-    size = tl.minimum(share // LANES, tl.maximum(nbytes - off, 0)).to(tl.int32)
-    tl.inline_asm_elementwise("{ .reg .pred p; setp.gt.s32 p, $2, 0; "
-                              "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }", "=r,l,r",
-                              [ptr.to(tl.pointer_type(tl.int8)) + off, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _wait(PDL: tl.constexpr):
     """Wait for the previous kernel to finish (it waited for its own previous one): its writes are visible."""
     if PDL:

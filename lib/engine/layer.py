@@ -16,15 +16,14 @@ def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple, ker
     (pos, mask, cos, sin), (k_cache, v_cache) = at, kv
     att = layer.self_attn
     n = x.shape[1]
-    h = kernels.norm(layer.input_layernorm, x, ahead=fused.get("qkv")) if kernels else layer.input_layernorm(x)
+    h = kernels.norm(layer.input_layernorm, x) if kernels else layer.input_layernorm(x)
     if kernels and fused:                                                       # q/k norms, RoPE, cache: one kernel
-        q = kernels.rope_cache(att, project(fused["qkv"], h), cos, sin, kv, pos, ahead=att.o_proj)
+        q = kernels.rope_cache(att, project(fused["qkv"], h), cos, sin, kv, pos)
     else:
         q = rope_cache(att, fused, h, cos, sin, kv, pos)
     if kernels:                                                                             # o: (1,n,heads,hd)
         o = kernels.attend(q, k_cache, v_cache, pos)
-        x, h = kernels.add_norm(layer.post_attention_layernorm, x, project(att.o_proj, o.reshape(1, n, -1)),
-                                ahead=fused.get("gate_up"))
+        x, h = kernels.add_norm(layer.post_attention_layernorm, x, project(att.o_proj, o.reshape(1, n, -1)))
     else:
         o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
                                            enable_gqa=q.shape[1] != k_cache.shape[1]).transpose(1, 2)

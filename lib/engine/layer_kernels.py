@@ -35,18 +35,12 @@ import triton
 import triton.language as tl
 
 from ..bench import on
-from .kernels import _combine_splits, _launch_next, _qkv_heads, _start_into_l2, _wait, counters, has_pdl, launches
+from .kernels import _combine_splits, _launch_next, _qkv_heads, _wait, counters, launches
 
 SPLIT = 256                     # cache positions an attention program takes
 BLOCK = 128                     # positions a step of its loop scores
 WARPS = 4
 NORM_WARPS = 8
-# Weights started into L2 ahead of their projection (Hopper), while the kernels before it leave the memory idle: the
-# input norm starts q/k/v's, the q/k norms + RoPE kernel the o-projection's (under the attention), the
-# post-attention norm gate/up's first AHEAD_BYTES (under the o-projection, which reads L2)
-AHEAD = {"qkv", "o", "gate_up"}
-AHEAD_BYTES = 24 << 20
-AHEAD_PROGRAMS = 32             # programs a norm adds to start its share (8 warps each)
 
 
 @triton.jit
@@ -139,18 +133,14 @@ def _(q, k_cache, v_cache, pos):
 
 
 @triton.jit
-def _layer_rope_cache(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, q_ptr, ahead_ptr,
-                      ahead_bytes, eps, L, row, HQ: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
-                      NORM: tl.constexpr, AHEAD: tl.constexpr, PDL: tl.constexpr):
+def _layer_rope_cache(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, q_ptr, eps, L, row,
+                      HQ: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
     """Program (r, a): query head a of row r (of the q/k/v projection's rows, `row` apart) RMS-normed (Qwen3) and
     rotated into q (n, HQ, HD); the first query head of each KV head also writes that head's k (normed, rotated)
-    and v into the caches at the row's position. AHEAD: row 0's programs start ahead_bytes at ahead_ptr into L2."""
+    and v into the caches at the row's position."""
     _launch_next(PDL)
-    r, a = tl.program_id(0), tl.program_id(1)
-    if AHEAD:
-        if r == 0:                                               # weights: no need to wait for the kernel before
-            _start_into_l2(ahead_ptr, ahead_bytes, a, HQ, 32)
     _wait(PDL)
+    r, a = tl.program_id(0), tl.program_id(1)
     h, d = a // G, tl.arange(0, HD)
     rot = (d + HD // 2) % HD
     cos = tl.load(cos_ptr + r * HD + d).to(tl.float32)
@@ -167,11 +157,11 @@ def _layer_rope_cache(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
 
 
 def rope_cache(qkv: torch.Tensor, norms: list[torch.Tensor], rope: list[torch.Tensor], caches: list[torch.Tensor],
-               pos: torch.Tensor, eps: float, ahead: torch.Tensor | None = None) -> torch.Tensor:
+               pos: torch.Tensor, eps: float) -> torch.Tensor:
     """qkv (1, n, (HQ + 2 Hkv) hd), a q/k/v projection's output: q and k RMS-normed with norms = [q_norm, k_norm]
     (Qwen3; []: Llama) and rotated by rope = [cos, sin] (n, hd) (RoPE, rotate-half, in fp32, rounded once); k and v
     written into caches = [k_cache, v_cache] (1, Hkv, L, hd) at positions pos (n,). Returns q (1, HQ, n, hd), the
-    layout attention reads. ahead: weights to start into L2 (their first AHEAD_BYTES)."""
+    layout attention reads."""
     (cos, sin), (k_cache, v_cache) = rope, caches
     n, (_, Hkv, L, HD) = qkv.shape[1], k_cache.shape
     heads = qkv.shape[2] // HD - 2 * Hkv
@@ -183,38 +173,32 @@ def rope_cache(qkv: torch.Tensor, norms: list[torch.Tensor], rope: list[torch.Te
     qn, kn = norms or (cos, cos)
     pdl, opts = launches(qkv.device, 1)
     with on(qkv.device):
-        aw, an, ahead_on = _ahead(ahead, "o", q)
-        _layer_rope_cache[(n, heads)](qkv, qn, kn, cos.contiguous(), sin.contiguous(), k_cache, v_cache, pos, q, aw,
-                                      an, eps, L, qkv.stride(1), heads, heads // Hkv, HD, bool(norms), ahead_on, pdl,
-                                      **opts)
+        _layer_rope_cache[(n, heads)](qkv, qn, kn, cos.contiguous(), sin.contiguous(), k_cache, v_cache, pos, q, eps,
+                                      L, qkv.stride(1), heads, heads // Hkv, HD, bool(norms), pdl, **opts)
     return q.transpose(1, 2)
 
 
 @torch.library.custom_op("study::rope_cache", mutates_args=("caches",))
 def _rope_cache_op(qkv: torch.Tensor, norms: list[torch.Tensor], rope: list[torch.Tensor], caches: list[torch.Tensor],
-                   pos: torch.Tensor, eps: float, ahead: torch.Tensor | None = None) -> torch.Tensor:
-    return rope_cache(qkv, norms, rope, caches, pos, eps, ahead)
+                   pos: torch.Tensor, eps: float) -> torch.Tensor:
+    return rope_cache(qkv, norms, rope, caches, pos, eps)
 
 
 @_rope_cache_op.register_fake
-def _(qkv, norms, rope, caches, pos, eps, ahead=None):
+def _(qkv, norms, rope, caches, pos, eps):
     hd, hkv = caches[0].shape[-1], caches[0].shape[1]
     return qkv.new_empty(1, qkv.shape[1], qkv.shape[2] // hd - 2 * hkv, hd).transpose(1, 2)
 
 
 @triton.jit
-def _layer_rms_norm(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, ahead_ptr, ahead_bytes, eps, D, rows, BD: tl.constexpr,
-                    ADD: tl.constexpr, AHEAD: tl.constexpr, LANES: tl.constexpr, PDL: tl.constexpr):
-    """Row r: out = w * RMSNorm(x (+ y)), the sum stored to sum_ptr where ADD. AHEAD: the programs past the rows
-    start ahead_bytes at ahead_ptr into L2."""
+def _layer_rms_norm(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, eps, D, BD: tl.constexpr, ADD: tl.constexpr,
+                    PDL: tl.constexpr):
+    """Row r: out = w * RMSNorm(x (+ y)), the sum stored to sum_ptr where ADD."""
     _launch_next(PDL)
-    r = tl.program_id(0).to(tl.int64)
-    if AHEAD:
-        if r >= rows:
-            _start_into_l2(ahead_ptr, ahead_bytes, r - rows, tl.num_programs(0) - rows, LANES)
     _wait(PDL)
+    r = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BD)
-    ok = d < tl.where(r < rows, D, 0)                            # the programs past the rows: none
+    ok = d < D
     w = tl.load(w_ptr + d, mask=ok, other=0.0)
     x = tl.load(x_ptr + r * D + d, mask=ok, other=0.0)
     if ADD:                                                      # fp32 sum, rounded: the residual stream
@@ -225,63 +209,50 @@ def _layer_rms_norm(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, ahead_ptr, ahead_byte
     tl.store(out_ptr + r * D + d, (w.to(tl.float32) * h.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, y: torch.Tensor | None = None,
-             ahead: torch.Tensor | None = None) -> tuple:
-    """(w * RMSNorm(s), s) over the last dimension, s = x + y (x where y is None; then s is x itself); ahead: weights
-    to start into L2 (their first AHEAD_BYTES), by AHEAD_PROGRAMS programs more."""
-    D, rows = x.shape[-1], x.numel() // x.shape[-1]
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, y: torch.Tensor | None = None) -> tuple:
+    """(w * RMSNorm(s), s) over the last dimension, s = x + y (x where y is None; then s is x itself)."""
+    D = x.shape[-1]
     x = x.contiguous()
     s = x if y is None else torch.empty_like(x)
     out = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
     pdl, opts = launches(x.device, NORM_WARPS)
     with on(x.device):
-        aw, an, ahead_on = _ahead(ahead, "qkv" if y is None else "gate_up", x)
-        _layer_rms_norm[(rows + (AHEAD_PROGRAMS if ahead_on else 0),)](
-            x, x if y is None else y.contiguous(), weight, s, out, aw, an, eps, D, rows, triton.next_power_of_2(D),
-            y is not None, ahead_on, 32 * NORM_WARPS, pdl, **opts)
+        _layer_rms_norm[(x.numel() // D,)](x, x if y is None else y.contiguous(), weight, s, out, eps, D,
+                                           triton.next_power_of_2(D), y is not None, pdl, **opts)
     return out, s
 
 
 @torch.library.custom_op("study::rms_norm", mutates_args=())
-def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, ahead: torch.Tensor | None = None) -> torch.Tensor:
-    return rms_norm(x, weight, eps, ahead=ahead)[0]
+def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return rms_norm(x, weight, eps)[0]
 
 
 @_rms_norm_op.register_fake
-def _(x, weight, eps, ahead=None):
+def _(x, weight, eps):
     return torch.empty_like(x, dtype=weight.dtype)
 
 
 @torch.library.custom_op("study::add_rms_norm", mutates_args=())
-def _add_rms_norm_op(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float,
-                     ahead: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    return rms_norm(x, weight, eps, y, ahead)
+def _add_rms_norm_op(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor,
+                                                                                                     torch.Tensor]:
+    return rms_norm(x, weight, eps, y)
 
 
 @_add_rms_norm_op.register_fake
-def _(x, y, weight, eps, ahead=None):
+def _(x, y, weight, eps):
     return torch.empty_like(x, dtype=weight.dtype), torch.empty_like(x)
 
 
-def _ahead(w: torch.Tensor | None, window: str, other: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
-    """(pointer, bytes, on) of the weights w to start into L2 from `window`: their first AHEAD_BYTES, where AHEAD
-    asks for it and on Hopper only (`other` stands in for the pointer where there are none)."""
-    if w is None or window not in AHEAD or not has_pdl(w.device):
-        return other, 0, False
-    return w, min(w.numel() * w.element_size(), AHEAD_BYTES) // 16 * 16, True
-
-
 class TritonLayer:
-    """What lib/engine/layer.py's layer_forward calls in place of SDPA, the norm modules and RoPE. `ahead`: the
-    projection module (of lib.models.w4a16) that comes next but one, whose weights the kernel starts into L2."""
+    """What lib/engine/layer.py's layer_forward calls in place of SDPA, the norm modules and RoPE."""
 
     @staticmethod
-    def rope_cache(att, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple, pos: torch.Tensor,
-                   ahead=None) -> torch.Tensor:
+    def rope_cache(att, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple,
+                   pos: torch.Tensor) -> torch.Tensor:
         """q (1, HQ, n, hd) of the attention module `att` (its q/k norms where it has them), k and v cached."""
         qk = hasattr(att, "q_norm")                               # Qwen3 (q_norm and k_norm share their eps)
         norms, eps = ([att.q_norm.weight, att.k_norm.weight], att.q_norm.variance_epsilon) if qk else ([], 0.0)
-        return torch.ops.study.rope_cache(qkv, norms, [cos, sin], list(kv), pos, eps, _weights(ahead))
+        return torch.ops.study.rope_cache(qkv, norms, [cos, sin], list(kv), pos, eps)
 
     @staticmethod
     def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -289,19 +260,12 @@ class TritonLayer:
         return torch.ops.study.cached_attention(q, k_cache, v_cache, pos)
 
     @staticmethod
-    def norm(module, x: torch.Tensor, ahead=None) -> torch.Tensor:
+    def norm(module, x: torch.Tensor) -> torch.Tensor:
         """A Hugging Face RMSNorm module (weight, variance_epsilon) applied to x."""
-        return torch.ops.study.rms_norm(x, module.weight, module.variance_epsilon, _weights(ahead))
+        return torch.ops.study.rms_norm(x, module.weight, module.variance_epsilon)
 
     @staticmethod
-    def add_norm(module, x: torch.Tensor, y: torch.Tensor, ahead=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_norm(module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + y, module(x + y)) in one kernel."""
-        h, s = torch.ops.study.add_rms_norm(x, y, module.weight, module.variance_epsilon,
-                                            _weights(ahead))
+        h, s = torch.ops.study.add_rms_norm(x, y, module.weight, module.variance_epsilon)
         return s, h
-
-
-def _weights(module) -> torch.Tensor | None:
-    """The packed weights of `module` (lib.models.w4a16's), or None."""
-    words = getattr(module, "words", None)
-    return words if isinstance(words, torch.Tensor) else None
