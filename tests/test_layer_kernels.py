@@ -74,6 +74,16 @@ def test_rms_norm_is_the_models_module(pair, add):
     torch.testing.assert_close(h, module(s), rtol=1e-6, atol=1e-6)
 
 
+def test_silu_mul_is_the_models_activation_times_up_and_row_invariant(pair):
+    mlp = pair[0].model.layers[0].mlp
+    assert mlp.config.hidden_act == "silu"                                            # the kernel's case
+    gu = 3 * torch.randn(1, 5, 2 * 3000, generator=torch.Generator().manual_seed(6))   # 3 column blocks, the last short
+    g, u = gu.chunk(2, dim=-1)
+    got = layer_kernels.TritonLayer.gated(mlp, gu)
+    torch.testing.assert_close(got, mlp.act_fn(g) * u, rtol=1e-6, atol=1e-6)
+    assert torch.equal(layer_kernels.TritonLayer.gated(mlp, gu[:, 3:4]), got[:, 3:4])
+
+
 @pytest.mark.parametrize("qk_norm", [True, False], ids=["qwen3", "llama"])
 def test_rope_cache_is_the_torch_path(pair, qk_norm):
     """q/k norms (Qwen3 only), RoPE and the cache write in one kernel: q as lib/engine/layer.py's torch path makes

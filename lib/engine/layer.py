@@ -29,7 +29,7 @@ def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple, ker
                                            enable_gqa=q.shape[1] != k_cache.shape[1]).transpose(1, 2)
         x = project(att.o_proj, o.reshape(1, n, -1), residual=x)
         h = layer.post_attention_layernorm(x)
-    return project(layer.mlp.down_proj, gated(layer.mlp, fused, h), residual=x)
+    return project(layer.mlp.down_proj, gated(layer.mlp, fused, h, kernels), residual=x)
 
 
 def rope_cache(att, fused: dict, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple,
@@ -51,8 +51,10 @@ def rope_cache(att, fused: dict, h: torch.Tensor, cos: torch.Tensor, sin: torch.
     return q
 
 
-def gated(mlp, fused: dict, h: torch.Tensor) -> torch.Tensor:
-    """act_fn(gate(h)) * up(h)."""
+def gated(mlp, fused: dict, h: torch.Tensor, kernels=None) -> torch.Tensor:
+    """act_fn(gate(h)) * up(h) (one kernel after the fused projection where `kernels` are given)."""
+    if fused and kernels:
+        return kernels.gated(mlp, project(fused["gate_up"], h))
     if fused:                                                                               # one GEMV for gate, up
         g, u = project(fused["gate_up"], h).chunk(2, dim=-1)
     else:

@@ -22,6 +22,10 @@ torch.compile made of them; on one H100 (h100awq target step, 8 rows, interleave
 On Hopper each is a programmatic dependent launch (lib/models/w4a16.py says what it gained): it waits for the
 kernel before at its top; the attention lets the next kernel launch after its loop, the others at their start.
 
+SiLU(gate) * up after a fused gate/up projection (silu_mul): a kernel of its own, so that it too is a programmatic
+dependent launch (torch.compile's fused elementwise kernel was not, and the down projection after it could not launch
+early).
+
 RMSNorm: one program a row holds the whole row; with a residual, the sum is stored (the new residual stream) and
 normalised. Rounding follows the Hugging Face module: fp32 statistics, normalised row rounded to the dtype, then
 times the weight.
@@ -41,6 +45,7 @@ SPLIT = 256                     # cache positions an attention program takes
 BLOCK = 128                     # positions a step of its loop scores
 WARPS = 4
 NORM_WARPS = 8
+GLU_BLOCK, GLU_WARPS = 1024, 4  # columns a SiLU-mul program takes
 
 
 @triton.jit
@@ -243,6 +248,42 @@ def _(x, y, weight, eps):
     return torch.empty_like(x, dtype=weight.dtype), torch.empty_like(x)
 
 
+@triton.jit
+def _layer_silu_mul(gu_ptr, out_ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Row r, block b of columns: out = SiLU(gate) * up, gate and up the two halves of the gate/up projection's row,
+    each rounded as the modules round them (SiLU in fp32, rounded to the dtype; then the product)."""
+    _launch_next(PDL)
+    _wait(PDL)
+    r, c = tl.program_id(0).to(tl.int64), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = c < N
+    gate = tl.load(gu_ptr + r * 2 * N + c, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(gu_ptr + r * 2 * N + N + c, mask=ok, other=0.0)
+    act = (gate / (1.0 + tl.exp(-gate))).to(up.dtype)
+    tl.store(out_ptr + r * N + c, (act.to(tl.float32) * up.to(tl.float32)).to(up.dtype), mask=ok)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up of a gate/up projection's output (..., 2N) whose last dimension holds gate then up."""
+    N = gate_up.shape[-1] // 2
+    gate_up = gate_up.contiguous()
+    out = torch.empty(*gate_up.shape[:-1], N, dtype=gate_up.dtype, device=gate_up.device)
+    pdl, opts = launches(gate_up.device, GLU_WARPS)
+    with on(gate_up.device):
+        _layer_silu_mul[(gate_up.numel() // (2 * N), triton.cdiv(N, GLU_BLOCK))](gate_up, out, N, GLU_BLOCK, pdl,
+                                                                                **opts)
+    return out
+
+
+@torch.library.custom_op("study::silu_mul", mutates_args=())
+def _silu_mul_op(gate_up: torch.Tensor) -> torch.Tensor:
+    return silu_mul(gate_up)
+
+
+@_silu_mul_op.register_fake
+def _(gate_up):
+    return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+
+
 class TritonLayer:
     """What lib/engine/layer.py's layer_forward calls in place of SDPA, the norm modules and RoPE."""
 
@@ -269,3 +310,11 @@ class TritonLayer:
         """(x + y, module(x + y)) in one kernel."""
         h, s = torch.ops.study.add_rms_norm(x, y, module.weight, module.variance_epsilon)
         return s, h
+
+    @staticmethod
+    def gated(mlp, gate_up: torch.Tensor) -> torch.Tensor:
+        """act_fn(gate) * up of a fused gate/up projection's output: one kernel where the activation is SiLU."""
+        if getattr(getattr(mlp, "config", None), "hidden_act", None) == "silu":
+            return torch.ops.study.silu_mul(gate_up)
+        g, u = gate_up.chunk(2, dim=-1)
+        return mlp.act_fn(g) * u
