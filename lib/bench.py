@@ -185,6 +185,7 @@ KERNEL_KINDS = (("LM head (Triton)", ("_flash_scores", "_flash_probes", "_flash_
                 ("layer attention (Triton)", ("_layer_attention",)),
                 ("layer norm (Triton)", ("_layer_rms_norm",)),
                 ("layer q/k norms, RoPE and cache write (Triton)", ("_layer_rope_cache",)),
+                ("layer SiLU(gate) * up (Triton)", ("_layer_silu_mul",)),
                 ("GEMV fused with norms and elementwise ops (compiled)", ("_mm_",)),
                 ("GEMV/GEMM", ("gemv", "gemm", "nvjet", "xmma", "cutlass", "marlin", "splitk", "cublas", "addmm", "aten::mm")),
                 ("fused elementwise and norms (compiled)", ("triton",)),
