@@ -1,8 +1,8 @@
 """The runner's Triton layer kernels (lib/engine/layer_kernels.py) on the CPU under Triton's interpreter in float32:
 attention equal to SDPA over the whole cache with the causal mask to float32 rounding, across splits; a row's output
 bitwise the same at any row index and in a call of any length (what batch-invariant target calls rest on); RMSNorm
-with and without the residual add, and SiLU(gate) * up, equal to the model's modules; the runner says which path its layers take and keeps
-speculative output equal to greedy output. Skipped where Triton is not installed (CI)."""
+with and without the residual add, and SiLU(gate) * up, equal to the model's modules; the runner says which path its
+layers take and keeps speculative output equal to greedy output. Skipped where Triton is not installed (CI)."""
 import copy
 
 import pytest
@@ -75,13 +75,17 @@ def test_rms_norm_is_the_models_module(pair, add):
 
 
 def test_silu_mul_is_the_models_activation_times_up_and_row_invariant(pair):
-    mlp = pair[0].model.layers[0].mlp
-    assert mlp.config.hidden_act == "silu"                                            # the kernel's case
+    mlp, kernels = pair[0].model.layers[0].mlp, layer_kernels.TritonLayer
+    assert kernels.takes_activation(mlp)                                              # SiLU
     gu = 3 * torch.randn(1, 5, 2 * 3000, generator=torch.Generator().manual_seed(6))   # 3 column blocks, the last short
     g, u = gu.chunk(2, dim=-1)
-    got = layer_kernels.TritonLayer.gated(mlp, gu)
+    got = kernels.silu_mul(gu)
     torch.testing.assert_close(got, mlp.act_fn(g) * u, rtol=1e-6, atol=1e-6)
-    assert torch.equal(layer_kernels.TritonLayer.gated(mlp, gu[:, 3:4]), got[:, 3:4])
+    assert torch.equal(kernels.silu_mul(gu[:, 3:4]), got[:, 3:4])
+    relu = copy.deepcopy(mlp)
+    relu.config = copy.copy(mlp.config)
+    relu.config.hidden_act = "relu"
+    assert not kernels.takes_activation(relu)                                         # another activation: torch
 
 
 @pytest.mark.parametrize("qk_norm", [True, False], ids=["qwen3", "llama"])

@@ -52,11 +52,12 @@ def rope_cache(att, fused: dict, h: torch.Tensor, cos: torch.Tensor, sin: torch.
 
 
 def gated(mlp, fused: dict, h: torch.Tensor, kernels=None) -> torch.Tensor:
-    """act_fn(gate(h)) * up(h) (one kernel after the fused projection where `kernels` are given)."""
-    if fused and kernels:
-        return kernels.gated(mlp, project(fused["gate_up"], h))
+    """act_fn(gate(h)) * up(h); after the fused projection one kernel where `kernels` take the activation."""
     if fused:                                                                               # one GEMV for gate, up
-        g, u = project(fused["gate_up"], h).chunk(2, dim=-1)
+        gate_up = project(fused["gate_up"], h)
+        if kernels and kernels.takes_activation(mlp):
+            return kernels.silu_mul(gate_up)
+        g, u = gate_up.chunk(2, dim=-1)
     else:
         g, u = project(mlp.gate_proj, h), project(mlp.up_proj, h)
     return mlp.act_fn(g) * u

@@ -314,9 +314,11 @@ class TritonLayer:
         return s, h
 
     @staticmethod
-    def gated(mlp, gate_up: torch.Tensor) -> torch.Tensor:
-        """act_fn(gate) * up of a fused gate/up projection's output: one kernel where the activation is SiLU."""
-        if getattr(getattr(mlp, "config", None), "hidden_act", None) == "silu":
-            return torch.ops.study.silu_mul(gate_up)
-        g, u = gate_up.chunk(2, dim=-1)
-        return mlp.act_fn(g) * u
+    def takes_activation(mlp) -> bool:
+        """Whether silu_mul is the MLP's act_fn(gate) * up (its activation is SiLU)."""
+        return getattr(getattr(mlp, "config", None), "hidden_act", None) == "silu"
+
+    @staticmethod
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        """SiLU(gate) * up of a fused gate/up projection's output, see silu_mul."""
+        return torch.ops.study.silu_mul(gate_up)
