@@ -227,6 +227,8 @@ def kernel_breakdown(fn, iters: int, device) -> list[dict]:
     per call, largest first (group_kernels adds each one's kind). On CUDA also `exposed_us`: its share of the
     critical path (exposed), which the kernels' own durations overstate where they overlap."""
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")      # the profiler's own start/stop lines (level 5) are not output
+    os.environ["TEARDOWN_CUPTI"] = "1"                  # CUPTI detached when the profile ends: left attached, every later
+    #                                                     call ran slower (h100awq's graphed step 8.5 -> 8.9 ms, one H100)
     from torch.profiler import ProfilerActivity, profile
     cuda = torch.device(device).type == "cuda"
     for _ in range(3):
@@ -253,8 +255,11 @@ def kernel_breakdown(fn, iters: int, device) -> list[dict]:
 
 
 def breakdown(fn, dev, iters: int = 20) -> dict:
-    """kernel_breakdown of fn on `dev`, grouped by kind (group_kernels), with the device named."""
-    return {"device": device_name(dev), **group_kernels(kernel_breakdown(fn, iters, dev))}
+    """kernel_breakdown of fn on `dev`, grouped by kind (group_kernels), with the device named and whether the
+    profiler let go of CUPTI afterwards (torch keeps it attached on CUDA < 12.6 with graphs: later timings in
+    the process then read slow)."""
+    rows = kernel_breakdown(fn, iters, dev)
+    return {"device": device_name(dev), "cupti_torn_down": os.environ.get("TEARDOWN_CUPTI") == "1", **group_kernels(rows)}
 
 
 def group_kernels(rows: list[dict]) -> dict:
