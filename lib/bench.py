@@ -241,6 +241,8 @@ def kernel_breakdown(fn, iters: int, device) -> list[dict]:
                 fn()
             sync(device)
         events = prof.key_averages()
+    if cuda and os.environ.get("TEARDOWN_CUPTI") != "1":                     # torch's choice on CUDA < 12.6 with graphs
+        warnings.warn("CUPTI stays attached after this profile: timings later in this process read slow")
     us = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
     rows = [{"kernel": e.key[:120], "launches": e.count / iters, "us": us(e) / iters}
             for e in events if us(e) > 0 and (cuda or e.key.startswith("aten::"))]
