@@ -10,6 +10,7 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
+from torch.torch_version import TorchVersion
 
 
 def stats(ms: list[float]) -> dict:
@@ -227,8 +228,9 @@ def kernel_breakdown(fn, iters: int, device) -> list[dict]:
     per call, largest first (group_kernels adds each one's kind). On CUDA also `exposed_us`: its share of the
     critical path (exposed), which the kernels' own durations overstate where they overlap."""
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")      # the profiler's own start/stop lines (level 5) are not output
-    os.environ["TEARDOWN_CUPTI"] = "1"                  # CUPTI detached when the profile ends: left attached, every later
-    #                                                     call ran slower (h100awq's graphed step 8.5 -> 8.9 ms, one H100)
+    if TorchVersion(torch.version.cuda or "12.6") >= "12.6":  # CUPTI detached when the profile ends (graphs crash
+        os.environ["TEARDOWN_CUPTI"] = "1"              # its re-init before 12.6); left attached, every later call
+    #                                                     ran slower (h100awq's graphed step 8.5 -> 8.9 ms, one H100)
     from torch.profiler import ProfilerActivity, profile
     cuda = torch.device(device).type == "cuda"
     for _ in range(3):
