@@ -228,9 +228,10 @@ def kernel_breakdown(fn, iters: int, device) -> list[dict]:
     per call, largest first (group_kernels adds each one's kind). On CUDA also `exposed_us`: its share of the
     critical path (exposed), which the kernels' own durations overstate where they overlap."""
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")      # the profiler's own start/stop lines (level 5) are not output
-    if TorchVersion(torch.version.cuda or "12.6") >= "12.6":  # CUPTI detached when the profile ends (graphs crash
-        os.environ["TEARDOWN_CUPTI"] = "1"              # its re-init before 12.6); left attached, every later call
-    #                                                     ran slower (h100awq's graphed step 8.5 -> 8.9 ms, one H100)
+    # kineto detaches CUPTI when the profile ends: left attached, every later call in the process ran slower
+    # (h100awq's graphed step 8.5 -> 8.9 ms, one H100). Before CUDA 12.6, graphs crash on CUPTI's re-init: left so.
+    if TorchVersion(torch.version.cuda or "12.6") >= "12.6":
+        os.environ["TEARDOWN_CUPTI"] = "1"
     from torch.profiler import ProfilerActivity, profile
     cuda = torch.device(device).type == "cuda"
     for _ in range(3):
@@ -243,7 +244,7 @@ def kernel_breakdown(fn, iters: int, device) -> list[dict]:
                 fn()
             sync(device)
         events = prof.key_averages()
-    if cuda and os.environ.get("TEARDOWN_CUPTI") != "1":                     # torch's choice on CUDA < 12.6 with graphs
+    if cuda and os.environ.get("TEARDOWN_CUPTI") != "1":                     # CUDA < 12.6, or torch set it back
         warnings.warn("CUPTI stays attached after this profile: timings later in this process read slow")
     us = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
     rows = [{"kernel": e.key[:120], "launches": e.count / iters, "us": us(e) / iters}
