@@ -232,3 +232,15 @@ def test_a_breakdown_asks_the_profiler_to_let_go_of_cupti(monkeypatch):
     bd = breakdown(lambda: a @ a, "cpu", iters=2)
     assert os.environ["TEARDOWN_CUPTI"] == "1" and bd["cupti_torn_down"] is True
     assert bd["launches"] >= 1
+
+
+def test_before_cuda_12_6_the_breakdown_leaves_cupti_as_torch_has_it(monkeypatch):
+    """Graphs crash on CUPTI's re-init before CUDA 12.6: there the breakdown does not ask for the teardown, and
+    says that CUPTI stayed attached."""
+    import os
+    import torch
+    from lib.bench import breakdown
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")
+    bd = breakdown(lambda: torch.ones(4) * 2, "cpu", iters=2)
+    assert os.environ["TEARDOWN_CUPTI"] == "0" and bd["cupti_torn_down"] is False
