@@ -139,15 +139,11 @@ def copy_bandwidth(device, nbytes: int = 2**29) -> float:
     return 2 * nbytes / (ms / 1000)
 
 
-def interleaved(fns: dict, warmup: int, iters: int, device, warm_s: float = 0.0) -> dict[str, list[float]]:
-    """Time several callables, alternating their order every iteration (warm-up for each first: `warmup` calls,
-    and more until warm_s seconds have passed over all of them)."""
+def interleaved(fns: dict, warmup: int, iters: int, device) -> dict[str, list[float]]:
+    """Time several callables, alternating their order every iteration (warm-up for each first)."""
     names = list(fns)
-    start = time.perf_counter()
-    for i, n in enumerate(names):
+    for n in names:
         time_calls(fns[n], warmup, 0, device)
-        while time.perf_counter() - start < warm_s * (i + 1) / len(names):  # each callable its share of warm_s
-            time_calls(fns[n], 1, 0, device)
     out = {n: [] for n in names}
     for i in range(iters):
         order = names if i % 2 == 0 else names[::-1]

@@ -171,18 +171,11 @@ def target_calls(runner, prompt: list[int], lengths) -> dict:
     return {str(n): (lambda n=n: runner.greedy(ids[n], len(prompt))) for n in lengths}
 
 
-TARGET_WARM_S = 3.0       # warm-up of the target's calls, in seconds over all of them (see time_target_calls)
-
-
 def time_target_calls(profile: Profile, fns: dict, dev) -> dict[str, list[float]]:
-    """The calls interleaved after a warm-up, fewer than a draft step gets (a target call costs tens of them): a
-    tenth of bench.iters (at least 10) after a quarter of bench.warmup (at least 2) calls each, continued on a GPU
-    until TARGET_WARM_S seconds have passed. Counted calls alone left the first reading after a load high: the
-    h100awq-shaped int4 step on two H200, three readings in one process, 8.37 then 8.26 and 8.25 ms (and 8.72 then
-    8.43 ms on one H100 in an earlier session), where the e2e run's own calls took 8.20-8.27."""
+    """The calls interleaved after a short warm-up, fewer than a draft step gets (a target call costs tens of
+    them): a tenth of bench.iters (at least 10) after a quarter of bench.warmup (at least 2)."""
     b = profile.bench
-    warm_s = TARGET_WARM_S if torch.device(dev).type == "cuda" else 0.0
-    return bench.interleaved(fns, max(2, b.warmup // 4), max(10, b.iters // 10), dev, warm_s)
+    return bench.interleaved(fns, max(2, b.warmup // 4), max(10, b.iters // 10), dev)
 
 
 def w4a16_tiles(projection: str) -> dict | None:
