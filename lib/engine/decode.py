@@ -197,7 +197,13 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
 # cached tile instead of merged into it (92 fewer instructions after the wait): 0.515 -> 0.507 ms (bench_body10.py).
 # The token's embedding row read by layer 0's q/k/v GEMV instead of an index_select kernel before it, the heads' last
 # kernels letting it launch at once: a K = 6 block with heads 0.615 -> 0.611 ms (dense), 0.528 -> 0.521 (FlashHead).
-TILE_BYTES, WARPS = 8192, 1
+# A globaltimer trace of each program (devtmp/draft_timeline.py, record below) showed the down projection's weights
+# streaming after its wait (its period 4.96 us against a 2.15 us floor: its programs found room on the SMs only as
+# gate/up's left); gate/up and down in 2-warp programs of twice the rows (half as many programs, the same 8 KB a
+# warp): body step 0.506-0.509 -> 0.497-0.498 ms, interleaved, outputs bitwise the same (devtmp/down_tiles.py; 2-warp
+# q/k/v or o programs, 4-warp ones, 8 rows of gate/up: no faster).
+TILE_BYTES = 8192               # weights a warp of a GEMV program holds
+GEMV_WARPS = {"qkv": 1, "o": 1, "gate_up": 2, "down": 2}
 SPLIT, ATTENTION_WARPS = 16, 1
 HEADS = 1                       # query heads an attention program takes (0: all that share its KV head)
 GEMVS = {"qkv": (True, False, False), "o": (False, False, True),   # (norm, glu, residual) of each GEMV
@@ -230,7 +236,7 @@ class FusedDecode:
     tokens and attends twice: bitwise two single-token steps. Static buffers and a fixed grid: CUDA-graph
     capturable."""
 
-    def __init__(self, runner, tile_bytes: int = TILE_BYTES, warps: int = WARPS, split: int = SPLIT,
+    def __init__(self, runner, tile_bytes: int = TILE_BYTES, warps: dict = GEMV_WARPS, split: int = SPLIT,
                  attention_warps: int = ATTENTION_WARPS, heads: int = HEADS):
         cfg, dev, dt = runner.model.config, runner.device, runner.dtype
         att = runner.layers[0].self_attn
@@ -238,7 +244,8 @@ class FusedDecode:
         self.hq, self.hkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, runner.cache.k.shape[-1]
         self.qk_norm = hasattr(att, "q_norm")
         self.heads = self.hq // self.hkv if heads == 0 else heads          # query heads an attention program takes
-        self.pdl, self.opts = launches(dev, warps)                            # Triton launch options, made once
+        self.pdl, self.opts = launches(dev, 1)                                # Triton launch options, made once
+        self.gemv_opts = {name: launches(dev, w)[1] for name, w in warps.items()}
         self.attention_opts = launches(dev, attention_warps)[1]
         D, inter, L = cfg.hidden_size, cfg.intermediate_size, runner.cache.k.shape[3]
         self.split, self.ns = split, triton.cdiv(L, split)
@@ -250,8 +257,9 @@ class FusedDecode:
         self.ml = empty(self.hq, self.ns, 2, dtype=torch.float32)             # (max, sum) per query head
         self.count = empty(self.hq, dtype=torch.int32)                        # splits done per program row
         e = runner.layers[0].self_attn.o_proj.weight.element_size()
-        self.bn = {"qkv": _rows(D, tile_bytes, e), "o": _rows(self.hq * self.hd, tile_bytes, e),
-                   "gate_up": _rows(D, tile_bytes, e, 2), "down": _rows(inter, tile_bytes, e)}
+        tile = {name: tile_bytes * w for name, w in warps.items()}                 # weights a program holds
+        self.bn = {"qkv": _rows(D, tile["qkv"], e), "o": _rows(self.hq * self.hd, tile["o"], e),
+                   "gate_up": _rows(D, tile["gate_up"], e, 2), "down": _rows(inter, tile["down"], e)}
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
@@ -282,7 +290,7 @@ class FusedDecode:
         bn = self.bn[name]
         _decode_gemv[(triton.cdiv(N, bn),)](x, g if norm else x, w, out, x if ids is None else ids, self.x, self.eps,
                                              N, K, triton.next_power_of_2(K), bn, norm, glu, residual,
-                                             ids is not None, self.pdl, T, **self.opts)
+                                             ids is not None, self.pdl, T, **self.gemv_opts[name])
 
     def _attention(self, att, kv: tuple, start: torch.Tensor, t: int) -> None:
         """Token t's attention, at position start + t (the second token's reads the first token's cache entry)."""
