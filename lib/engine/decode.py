@@ -197,11 +197,12 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
 # cached tile instead of merged into it (92 fewer instructions after the wait): 0.515 -> 0.507 ms (bench_body10.py).
 # The token's embedding row read by layer 0's q/k/v GEMV instead of an index_select kernel before it, the heads' last
 # kernels letting it launch at once: a K = 6 block with heads 0.615 -> 0.611 ms (dense), 0.528 -> 0.521 (FlashHead).
-# A globaltimer trace of each program (devtmp/draft_timeline.py, record below) showed the down projection's weights
-# streaming after its wait (its period 4.96 us against a 2.15 us floor: its programs found room on the SMs only as
-# gate/up's left); gate/up and down in 2-warp programs of twice the rows (half as many programs, the same 8 KB a
-# warp): body step 0.506-0.509 -> 0.497-0.498 ms, interleaved, outputs bitwise the same (devtmp/down_tiles.py; 2-warp
-# q/k/v or o programs, 4-warp ones, 8 rows of gate/up: no faster).
+# A globaltimer trace of each program (devtmp/draft_timeline.py, record c5e78a8) showed the down projection's weights
+# streaming after its wait (period 4.96 us against a 2.15 us floor; its first programs entered 2.7 us before gate/up
+# ended, gate/up's 6.5 us before o ended); gate/up and down in 2-warp programs of twice the rows (half as many
+# programs, the same 8 KB a warp): body step 0.506-0.509 -> 0.497-0.498 ms, interleaved, outputs bitwise the same
+# (devtmp/down_tiles.py; 2-warp q/k/v or o programs, 4-warp ones, 8 rows of gate/up: no faster). Not yet compared
+# in a K = 6 block on one machine (notebook 02 on another H100: 0.615 / 0.523 ms a token, dense / FlashHead).
 TILE_BYTES = 8192               # weights a warp of a GEMV program holds
 GEMV_WARPS = {"qkv": 1, "o": 1, "gate_up": 2, "down": 2}
 SPLIT, ATTENTION_WARPS = 16, 1
