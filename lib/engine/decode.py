@@ -201,8 +201,8 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
 # streaming after its wait (period 4.96 us against a 2.15 us floor; its first programs entered 2.7 us before gate/up
 # ended, gate/up's 6.5 us before o ended); gate/up and down in 2-warp programs of twice the rows (half as many
 # programs, the same 8 KB a warp): body step 0.506-0.509 -> 0.497-0.498 ms, interleaved, outputs bitwise the same
-# (devtmp/down_tiles.py; 2-warp q/k/v or o programs, 4-warp ones, 8 rows of gate/up: no faster). Not yet compared
-# in a K = 6 block on one machine (notebook 02 on another H100: 0.615 / 0.523 ms a token, dense / FlashHead).
+# (devtmp/down_tiles.py; 2-warp q/k/v or o programs, 4-warp ones, 8 rows of gate/up: no faster). In a K = 6 block,
+# interleaved on one H200: 0.550 -> 0.539 ms a token dense, 0.483 -> 0.471 FlashHead (devtmp/block_ab.py, 6fb9331).
 TILE_BYTES = 8192               # weights a warp of a GEMV program holds
 GEMV_WARPS = {"qkv": 1, "o": 1, "gate_up": 2, "down": 2}
 SPLIT, ATTENTION_WARPS = 16, 1
