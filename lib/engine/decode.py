@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ..bench import on
-from .kernels import _combine_splits, _launch_next, _qkv_heads, _wait, launches
+from .kernels import _after_wait, _combine_splits, _launch_next, _qkv_heads, _wait, launches
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"          # Triton's CPU interpreter (tests)
 
@@ -42,12 +42,12 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"          # Triton's CPU in
 @triton.jit
 def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, ids_ptr, res_ptr, eps, N, K: tl.constexpr, BK: tl.constexpr,
                  BN: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, EMBED: tl.constexpr,
-                 PDL: tl.constexpr, T: tl.constexpr):
+                 PDL: tl.constexpr, T: tl.constexpr, LATE: tl.constexpr):
     """out[t, rows] = W[rows] @ a_t for BN rows a program and each of the T (1 or 2) tokens t; a_t = RMSNorm(x_t) * g
     if NORM else x_t. GLU: W holds gate rows then up rows (2N, K) and out = silu(gate) * up. RESIDUAL:
     out[t, rows] += (out is the residual stream). EMBED (the first layer's q/k/v): x_t is row ids[t] of the
     embedding table at x_ptr, which program 0 also writes to res_ptr as the residual stream's start (no lookup kernel
-    of its own between the head and this one). Two tokens read the weights once."""
+    of its own between the head and this one). Two tokens read the weights once. LATE: see LATE_ACTIVATIONS."""
     _launch_next(PDL)
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     cols = tl.arange(0, BK)
@@ -60,6 +60,8 @@ def _decode_gemv(x_ptr, g_ptr, w_ptr, out_ptr, ids_ptr, res_ptr, eps, N, K: tl.c
     if NORM:
         g = tl.load(g_ptr + cols, mask=cols < K, other=0.0)      # a weight too: read before the wait
     _wait(PDL)                                                    # weights in flight; now the activations
+    if LATE:
+        x_ptr = _after_wait(x_ptr, PDL)
     x, res = _gemv_input(x_ptr, ids_ptr, res_ptr, out_ptr, rows, cols, 0, N, K, RESIDUAL, EMBED)
     if T == 2:                                                    # both tokens' loads issued before any sum
         x1, res1 = _gemv_input(x_ptr, ids_ptr, res_ptr, out_ptr, rows, cols, 1, N, K, RESIDUAL, EMBED)
@@ -183,30 +185,26 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
     tl.store(out_ptr + at, (xf * r).to(x.dtype) * tl.load(g_ptr + cols, mask=cols < K), mask=cols < K)
 
 
-# Launch settings, measured on one H100 (h100 draft, bf16, position 300; devtmp/bench_step25c.py in commit fdff1be):
-# GEMV programs of 8 KB of weights and 1 warp, attention splits of 16 positions and 1 warp took the body step (as the
-# engine runs it, Runner.chain) from 0.636 ms (16 KB, 2 warps; 32 positions, 2 warps) to 0.593 ms. Later (commit
-# afc4534, devtmp/bench_body*.py, cache of 340): the residual read beside the activations 0.609 -> 0.564 ms, one
-# query head an attention program (HEADS = 1) 0.534 ms; 2-warp GEMVs, 4 or 16 KB tiles, splits of 8 or of 32 at 2
-# warps no faster; waiting on a done counter per kernel (each program's release add; commit 37c6d85) instead of the
-# grid: 0.995 ms; the o-projection in the attention's grid, its programs waiting on a count of combined heads (commit
-# e8bf15a): 0.526 against 0.525 ms at position 300, 0.509 against 0.518 at 100, so the handoff costs what the
-# kernel boundary did. Each kernel bulk-prefetching (cp.async.bulk.prefetch.L2) the weights of the kernel 1-8 ahead
-# into L2 (commit 95f292b): slower at every distance (0.550 ms without, 0.577-0.718 with). The attention's k, v and q
-# in one round trip (_qkv_heads; commit 015a50c): 0.537 -> 0.516 ms. The new position's score and V apart from the
-# cached tile instead of merged into it (92 fewer instructions after the wait): 0.515 -> 0.507 ms (bench_body10.py).
-# The token's embedding row read by layer 0's q/k/v GEMV instead of an index_select kernel before it, the heads' last
-# kernels letting it launch at once: a K = 6 block with heads 0.615 -> 0.611 ms (dense), 0.528 -> 0.521 (FlashHead).
-# A globaltimer trace of each program (devtmp/draft_timeline.py, record c5e78a8) showed the down projection's weights
-# streaming after its wait (period 4.96 us against a 2.15 us floor; its first programs entered 2.7 us before gate/up
-# ended, gate/up's 6.5 us before o ended); gate/up and down in 2-warp programs of twice the rows (half as many
-# programs, the same 8 KB a warp): body step 0.506-0.509 -> 0.497-0.498 ms, interleaved, outputs bitwise the same
-# (devtmp/down_tiles.py; 2-warp q/k/v or o programs, 4-warp ones, 8 rows of gate/up: no faster). In a K = 6 block,
-# interleaved on one H200: 0.550 -> 0.539 ms a token dense, 0.483 -> 0.471 FlashHead (devtmp/block_ab.py, 6fb9331).
+# Launch settings (history in outputs/GPU_RUNS.md). On one H100, body step as Runner.chain runs it, position 300:
+# GEMV programs of 8 KB of weights a warp, attention splits of 16 positions and 1 warp: 0.636 -> 0.593 ms (fdff1be);
+# the residual read beside the activations 0.609 -> 0.564, one query head an attention program 0.534 (afc4534); a
+# done counter per kernel instead of the grid 0.995; the o-projection in the attention's grid 0.526 against 0.525
+# (e8bf15a); bulk-prefetching the next kernels' weights into L2 slower at every distance (95f292b); q, k, v in one
+# round trip 0.537 -> 0.516 (015a50c); the new position's score apart from the cached tile 0.515 -> 0.507; the
+# embedding row read by layer 0's q/k/v GEMV: K = 6 block 0.615 -> 0.611 ms dense, 0.528 -> 0.521 FlashHead. A
+# per-program globaltimer trace (c5e78a8) showed the down projection's weights streaming after its wait: gate/up and
+# down in 2-warp programs of twice the rows: body 0.506-0.509 -> 0.497-0.498 ms (down_tiles.py); on one H200, K = 6
+# block 0.550 -> 0.539 dense, 0.483 -> 0.471 FlashHead (block_ab.py, 6fb9331). The o-projection's activation reads
+# issued once its first weights have landed, not at once after the wait (LATE_ACTIVATIONS; the other GEMVs gain
+# nothing from it), its programs then of 2 warps (without the late reads 2 warps are slower): on one H200, three
+# instances a variant, interleaved, outputs bitwise the same, body 442.0 -> 416.8 us at position 38, 446.6 -> 428.1
+# at 250 (devtmp/late_ab.py). A reading, not measured: hundreds of programs asking at once for the same 4 KB of
+# activations delay the weights' fills.
 TILE_BYTES = 8192               # weights a warp of a GEMV program holds
-GEMV_WARPS = {"qkv": 1, "o": 1, "gate_up": 2, "down": 2}
+GEMV_WARPS = {"qkv": 1, "o": 2, "gate_up": 2, "down": 2}
 SPLIT, ATTENTION_WARPS = 16, 1
 HEADS = 1                       # query heads an attention program takes (0: all that share its KV head)
+LATE_ACTIVATIONS = {"o"}        # GEMVs whose activation reads wait for their first weights (_after_wait)
 GEMVS = {"qkv": (True, False, False), "o": (False, False, True),   # (norm, glu, residual) of each GEMV
          "gate_up": (True, True, False), "down": (False, False, True)}
 
@@ -261,6 +259,7 @@ class FusedDecode:
         tile = {name: tile_bytes * w for name, w in warps.items()}                 # weights a program holds
         self.bn = {"qkv": _rows(D, tile["qkv"], e), "o": _rows(self.hq * self.hd, tile["o"], e),
                    "gate_up": _rows(D, tile["gate_up"], e, 2), "down": _rows(inter, tile["down"], e)}
+        self.late = frozenset(LATE_ACTIVATIONS)
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
@@ -291,7 +290,7 @@ class FusedDecode:
         bn = self.bn[name]
         _decode_gemv[(triton.cdiv(N, bn),)](x, g if norm else x, w, out, x if ids is None else ids, self.x, self.eps,
                                              N, K, triton.next_power_of_2(K), bn, norm, glu, residual,
-                                             ids is not None, self.pdl, T, **self.gemv_opts[name])
+                                             ids is not None, self.pdl, T, name in self.late, **self.gemv_opts[name])
 
     def _attention(self, att, kv: tuple, start: torch.Tensor, t: int) -> None:
         """Token t's attention, at position start + t (the second token's reads the first token's cache entry)."""

@@ -56,6 +56,16 @@ def _wait(PDL: tl.constexpr):
 
 
 @triton.jit
+def _after_wait(ptr, PDL: tl.constexpr):
+    """ptr plus a zero the compilers cannot fold (the global timer's top bit, read after the wait; clear until
+    2262): loads from it are no longer issued at once after the wait but where their address is ready, after what
+    ptxas schedules first (in a GEMV: unpacking its first weights, so once they have arrived)."""
+    if PDL:
+        ptr += ((tl.extra.cuda.globaltimer() >> 63) * 16).to(tl.int32)   # x 16: keeps 16-element alignment
+    return ptr
+
+
+@triton.jit
 def _combine_splits(ml_ptr, part_ptr, rows, live, d):
     """One query head's attention output (HD,) from its splits' partials at rows (NSP,) of ml (max, sum) and part
     (weighted V, HD a row), the live splits in split order (read past L1: other programs wrote them)."""
