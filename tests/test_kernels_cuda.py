@@ -180,6 +180,28 @@ def test_a_two_token_fused_step_is_two_single_steps_on_the_gpu(pair):
     assert torch.equal(a.cache.k, b.cache.k) and torch.equal(a.cache.v, b.cache.v)
 
 
+def test_the_fused_steps_launch_settings_leave_its_bits_on_the_gpu(pair, monkeypatch):
+    """The GEMVs' warps and the o-projection's late activation reads are launch settings only: the step as it was
+    before them (1-warp o, 2-warp down, every activation read at once after the wait) gives the same bits, cache
+    included (fp16)."""
+    import copy
+    from lib.engine import decode as D
+    from lib.engine.runner import Acceleration, Runner
+    model = copy.deepcopy(pair[1]).to(DEV, torch.float16)
+    a, b = (Runner(model, 96, Acceleration(fused=True)) for _ in "ab")
+    assert D.LATE_ACTIVATIONS and a.decode_path == "fused"
+    monkeypatch.setattr(D, "LATE_ACTIVATIONS", set())
+    b.decode = D.FusedDecode(b, warps=dict(D.GEMV_WARPS, o=1, down=2))
+    assert a.decode.late and not b.decode.late
+    ids = torch.randint(3, 200, (1, 60), generator=torch.Generator().manual_seed(5)).to(DEV)
+    for r in (a, b):
+        r.prefill(ids[:, :40])
+    for p in range(40, 56):                                          # across an attention split boundary
+        step = [r.forward(ids[:, p:p + 1], p, graph=False) for r in (a, b)]
+        assert torch.equal(*step), p
+    assert torch.equal(a.cache.k, b.cache.k) and torch.equal(a.cache.v, b.cache.v)
+
+
 @pytest.mark.parametrize("schedule", ["ordinary", "deferred", "pipelined"])
 def test_speculative_output_is_greedy_output_with_graphs_on_the_gpu(pair, schedule):
     """The engine as GPU runs build it (CUDA graphs, the fused draft step, the Triton target layers, fp16): every
