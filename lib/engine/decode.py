@@ -12,10 +12,10 @@ bandwidth-bound kernels a layer.
 On Hopper every kernel is a programmatic dependent launch that lets the next one launch at its start; each
 GEMV program holds BN whole weight rows, issues their loads, and only then waits for the kernel before it, so
 the weights of the next kernels stream in while one finishes (the attention reads the older cache positions
-before its wait the same way). What a program reads after its wait it reads at once (activations, residual):
-the step is a chain of dependent kernels, and each one's latency after its wait is on the critical path. Splits
-of the attention are a fixed number of positions, and every reduction runs in a fixed order, so a position's
-output does not depend on how long the context is.
+before its wait the same way). What a program reads after its wait it reads at once (activations, residual;
+the o-projection's activations once its first weights are in: LATE_ACTIVATIONS): the step is a chain of dependent
+kernels, each one's latency after its wait on the critical path. Splits of the attention are a fixed number of
+positions, and every reduction runs in a fixed order: a position's output does not depend on the context's length.
 Two tokens: each GEMV program reads its weights once and computes both tokens' rows (their loads issued together
 after the wait), the attention is launched once a token (the second one position on, its cache tile read after its
 wait, since the first token's launch writes an entry of it), and the final norm takes a program a token: six
