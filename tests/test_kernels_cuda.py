@@ -162,17 +162,23 @@ def test_rope_cache_on_the_gpu(pair):
         torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)
 
 
-def test_a_two_token_fused_step_is_two_single_steps_on_the_gpu(pair):
-    """The fused draft step fed 2 tokens (each weight read once; the second token's attention launched during the
-    first's, reading its cache entry after the wait): the bits of two 1-token steps, cache included (fp16)."""
+def _fused_runners(pair, seed):
+    """Two fused fp16 runners of the draft, each prefilled with the first 40 of 60 random ids (returned too)."""
     import copy
     from lib.engine.runner import Acceleration, Runner
     model = copy.deepcopy(pair[1]).to(DEV, torch.float16)
     a, b = (Runner(model, 96, Acceleration(fused=True)) for _ in "ab")
     assert a.decode_path == "fused"
-    ids = torch.randint(3, 200, (1, 60), generator=torch.Generator().manual_seed(4)).to(DEV)
+    ids = torch.randint(3, 200, (1, 60), generator=torch.Generator().manual_seed(seed)).to(DEV)
     for r in (a, b):
         r.prefill(ids[:, :40])
+    return a, b, ids
+
+
+def test_a_two_token_fused_step_is_two_single_steps_on_the_gpu(pair):
+    """The fused draft step fed 2 tokens (each weight read once; the second token's attention launched during the
+    first's, reading its cache entry after the wait): the bits of two 1-token steps, cache included (fp16)."""
+    a, b, ids = _fused_runners(pair, 4)
     for p in range(40, 58, 2):                                       # across attention split boundaries
         both = a.forward(ids[:, p:p + 2], p, graph=False).clone()
         one = torch.cat([b.forward(ids[:, p + t:p + t + 1], p + t, graph=False).clone() for t in (0, 1)], dim=1)
@@ -184,18 +190,11 @@ def test_the_fused_steps_launch_settings_leave_its_bits_on_the_gpu(pair, monkeyp
     """The GEMVs' warps and the o-projection's late activation reads are launch settings only: the step as it was
     before them (1-warp o, 2-warp down, every activation read at once after the wait) gives the same bits, cache
     included (fp16)."""
-    import copy
     from lib.engine import decode as D
-    from lib.engine.runner import Acceleration, Runner
-    model = copy.deepcopy(pair[1]).to(DEV, torch.float16)
-    a, b = (Runner(model, 96, Acceleration(fused=True)) for _ in "ab")
-    assert D.LATE_ACTIVATIONS and a.decode_path == "fused"
+    a, b, ids = _fused_runners(pair, 5)
     monkeypatch.setattr(D, "LATE_ACTIVATIONS", set())
-    b.decode = D.FusedDecode(b, warps=dict(D.GEMV_WARPS, o=1, down=2))
+    b.decode = D.FusedDecode(b, warps=dict(D.GEMV_WARPS, o=1, down=2))      # prefill ran the reference path
     assert a.decode.late and not b.decode.late
-    ids = torch.randint(3, 200, (1, 60), generator=torch.Generator().manual_seed(5)).to(DEV)
-    for r in (a, b):
-        r.prefill(ids[:, :40])
     for p in range(40, 56):                                          # across an attention split boundary
         step = [r.forward(ids[:, p:p + 1], p, graph=False) for r in (a, b)]
         assert torch.equal(*step), p
