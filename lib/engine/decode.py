@@ -197,10 +197,10 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
 # block 0.550 -> 0.539 dense, 0.483 -> 0.471 FlashHead (block_ab.py, 6fb9331). The o-projection's activation reads
 # issued once its first weights have landed, not at once after the wait (LATE_ACTIVATIONS; the other GEMVs gain
 # nothing from it), its programs then of 2 warps (without the late reads 2 warps are slower): on one H200, three
-# instances a variant, interleaved, outputs bitwise the same, body 442.0 -> 416.8 us at position 38, 446.6 -> 428.1
-# at 250 (devtmp/late_ab.py). A reading, not measured: hundreds of programs asking at once for the same 4 KB of
-# activations delay the weights' fills. After it, down in 4-warp programs (slower before): 415.8 -> 404.6 us at 38,
-# 430.9 -> 423.4 at 600; K = 6 block 0.502 -> 0.493 ms dense, 0.436 -> 0.426 FlashHead (other tiles: no faster).
+# instances a variant, interleaved, outputs bitwise the same, body 442.0 -> 416.8 us at position 38 (late_ab.py). A
+# reading, not measured: hundreds of programs asking at once for the same 4 KB delay the weights' fills. Then down in
+# 4-warp programs: 415.8 -> 404.6 us; block 0.502 -> 0.493 ms dense, 0.436 -> 0.426 FlashHead. Its warps sum K in
+# another order: the same bits in bf16 where compared, 1-2 units in the last place in fp16, whose draft gains less.
 TILE_BYTES = 8192               # weights a warp of a GEMV program holds
 GEMV_WARPS = {"qkv": 1, "o": 2, "gate_up": 2, "down": 4}
 SPLIT, ATTENTION_WARPS = 16, 1
