@@ -257,9 +257,9 @@ class FusedDecode:
         self.ml = empty(self.hq, self.ns, 2, dtype=torch.float32)             # (max, sum) per query head
         self.count = empty(self.hq, dtype=torch.int32)                        # splits done per program row
         e = runner.layers[0].self_attn.o_proj.weight.element_size()
-        tile = {name: tile_bytes * w for name, w in warps.items()}                 # weights a program holds
-        self.bn = {"qkv": _rows(D, tile["qkv"], e), "o": _rows(self.hq * self.hd, tile["o"], e),
-                   "gate_up": _rows(D, tile["gate_up"], e, 2), "down": _rows(inter, tile["down"], e)}
+        k = {"qkv": D, "o": self.hq * self.hd, "gate_up": D, "down": inter}       # each GEMV's input length
+        self.bn = {name: _rows(k[name], tile_bytes * warps[name], e, 2 if glu else 1)   # rows a program holds
+                   for name, (_, glu, _) in GEMVS.items()}
         self.late = frozenset(LATE_ACTIVATIONS)
 
     @torch.no_grad()
