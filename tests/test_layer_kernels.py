@@ -52,6 +52,13 @@ def test_a_row_is_the_same_bits_at_any_index_and_in_a_call_of_any_length():
         assert torch.equal(alone[:, 0], whole[:, r])
 
 
+@pytest.mark.parametrize("n, start", [(1, 0), (5, 100), (8, 250)])
+def test_rows_in_the_first_split_written_directly_are_the_combined_bits(n, start):
+    q, k, v, pos = case(n, start, seed=2)
+    direct = layer_kernels.cached_attention(q, k, v, pos, direct=True)
+    assert torch.equal(direct, layer_kernels.cached_attention(q, k, v, pos, direct=False))
+
+
 def test_bad_shapes_say_what_is_wrong():
     q, k, v, pos = case(2, 10)
     with pytest.raises(ValueError, match="5 query heads over 2 KV heads"):

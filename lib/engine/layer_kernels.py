@@ -7,7 +7,11 @@ steps). Each is a custom op, so the compiled layer calls it without a graph brea
 Attention: program (h, r, s) takes the G query heads that share KV head h, for query row r, over the cache
 positions of split s (S positions from s*S) up to the row's own position (causal): scores of the (G, hd) query
 tile against BL positions at a time on the tensor cores, an online softmax in fp32, then (max, sum, weighted V)
-stored per query head. The last of a (h, r)'s NS programs to finish (a counter) combines the splits in split order.
+stored per query head. The last of a (h, r)'s NS programs to finish (a counter) combines the splits in split order;
+a row whose positions all lie in the first split (position < S: most of the study's) is written by that split's
+program at once, acc / l, bitwise what combining one split gives, with no partials, counter or combination. One
+H200, h100awq's target step at position 38, three runners each, interleaved: 8.35-8.38 -> 8.01-8.05 ms for one
+token, 8.29-8.31 -> 7.95-7.97 for a verify of 8 (devtmp/direct_ab.py, twenty-fourth session).
 Splits and blocks are fixed positions, every reduction runs in a fixed order, and nothing a program computes
 depends on the other rows: a row's output is bitwise the same at any row index and in a call of any length,
 and blocks past a row's position are not read, so the cost follows the positions in use, not the cache's length.
@@ -46,6 +50,7 @@ from .kernels import _combine_splits, _launch_next, _qkv_heads, _wait, counters,
 SPLIT = 256                     # cache positions an attention program takes
 BLOCK = 128                     # positions a step of its loop scores
 WARPS = 4
+DIRECT = True                   # a row within the first split written by its program (no combination)
 NORM_WARPS = 8
 GLU_BLOCK, GLU_WARPS = 1024, 4  # columns a SiLU-mul program takes
 
@@ -53,7 +58,8 @@ GLU_BLOCK, GLU_WARPS = 1024, 4  # columns a SiLU-mul program takes
 @triton.jit
 def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, out_ptr, scale, sq_h, sq_n,
                      sk_h, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, S: tl.constexpr,
-                     BL: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+                     BL: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
+                     DIRECT: tl.constexpr):
     _wait(PDL)                                                   # q and the cache written by the kernel before
     h, r, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     g, d = tl.arange(0, GP), tl.arange(0, HD)
@@ -78,6 +84,12 @@ def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, 
         acc = acc * keep[:, None] + tl.dot(e.to(vt.dtype), vt, input_precision=PREC)
         m = top
     _launch_next(PDL)                                            # our scores done: the o-projection may launch
+    if DIRECT and pos < S:                                       # split 0 holds every position the row sees:
+        if s == 0:                                               # its output is acc / l, what the combination
+            o = acc / l[:, None]                                 # of one split gives bitwise; no partials, no count
+            tl.store(out_ptr + (r * HQ + heads)[:, None] * HD + d[None, :], o.to(out_ptr.dtype.element_ty),
+                     mask=real[:, None])
+        return
     at = (r * HQ + heads) * NS + s                               # (row, head, split): a split past pos stores
     tl.store(ml_ptr + at * 2, m, mask=real)                      # max -inf, sum 0, weighted V 0
     tl.store(ml_ptr + at * 2 + 1, l, mask=real)
@@ -103,7 +115,7 @@ def supported(device: torch.device, head_dim: int) -> str:
 
 
 def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
-                     split: int = SPLIT, block: int = BLOCK, warps: int = WARPS) -> torch.Tensor:
+                     split: int = SPLIT, block: int = BLOCK, warps: int = WARPS, direct: bool = DIRECT) -> torch.Tensor:
     """q (1, HQ, n, hd) of queries at positions pos (n,) over caches (1, Hkv, L, hd), each query attending its own
     and earlier positions -> (1, n, HQ, hd) in q's dtype (the layout the o-projection reads)."""
     _, HQ, n, HD = q.shape
@@ -124,7 +136,7 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         _layer_attention[(Hkv, n, ns)](q, k_cache, v_cache, pos, part, ml, count, out, HD ** -0.5, q.stride(1),
                                        q.stride(2), L * HD, HQ, G, max(16, triton.next_power_of_2(G)), HD, split,
                                        block, ns, triton.next_power_of_2(ns),
-                                       "ieee" if q.dtype == torch.float32 else "tf32", pdl, **opts)
+                                       "ieee" if q.dtype == torch.float32 else "tf32", pdl, direct, **opts)
     return out
 
 
