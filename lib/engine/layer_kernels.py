@@ -115,9 +115,10 @@ def supported(device: torch.device, head_dim: int) -> str:
 
 
 def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
-                     split: int = SPLIT, block: int = BLOCK, warps: int = WARPS, direct: bool = DIRECT) -> torch.Tensor:
+                     split: int = SPLIT, block: int = BLOCK, direct: bool = DIRECT) -> torch.Tensor:
     """q (1, HQ, n, hd) of queries at positions pos (n,) over caches (1, Hkv, L, hd), each query attending its own
-    and earlier positions -> (1, n, HQ, hd) in q's dtype (the layout the o-projection reads)."""
+    and earlier positions -> (1, n, HQ, hd) in q's dtype (the layout the o-projection reads). direct=False combines
+    every row's splits (the tests' reference for the direct rows)."""
     _, HQ, n, HD = q.shape
     Hkv, L = k_cache.shape[1], k_cache.shape[2]
     if HQ % Hkv or HD & (HD - 1) or split % block or k_cache.shape != v_cache.shape:
@@ -131,7 +132,7 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     part = torch.empty(n, HQ, ns, HD, dtype=torch.float32, device=q.device)
     ml = torch.empty(n, HQ, ns, 2, dtype=torch.float32, device=q.device)
     count = counters(q.device, n * Hkv, "attention")
-    pdl, opts = launches(q.device, warps)
+    pdl, opts = launches(q.device, WARPS)
     with on(q.device):                                           # Triton launches on the current device
         _layer_attention[(Hkv, n, ns)](q, k_cache, v_cache, pos, part, ml, count, out, HD ** -0.5, q.stride(1),
                                        q.stride(2), L * HD, HQ, G, max(16, triton.next_power_of_2(G)), HD, split,
