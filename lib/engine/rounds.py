@@ -299,8 +299,8 @@ class Rounds:
     def launch_append(self, props: torch.Tensor, preds: torch.Tensor, got: torch.Tensor) -> list[int]:
         """Ordinary greedy rounds (rule.verify's `then` after a verify call: d1 accepted, preds p1..pk): launch the
         append of the final token p_a at t_pos + a, a counted on the device, before the host reads this round's result
-        (returned as host ids). Only where the round cannot end the generation (short of a stop token, after which
-        the append is thrown away), so the last round appends nothing."""
+        (returned as host ids). Only where the round cannot end the generation by its length; a stop token among its
+        tokens is known only after the launch, and that append is then thrown away (see append)."""
         s = self.s
         host = self._to_host(got)
         kk, runner = len(props), self.target.runner
@@ -332,6 +332,8 @@ class Rounds:
     def append(self) -> None:
         """Feed the round's final token to the target (ordinary, pipelined): its output is the next pending."""
         s, appended, self.appended = self.s, self.appended, False
+        if appended and s.done():           # launched ahead in a round a stop token ended: its output is thrown away,
+            return                          # so it is not one of the generation's append calls (appended_ahead has it)
         if not appended:                                                    # (else launched by launch_append)
             if self.request.schedule == DEFERRED or s.done():
                 with self.clock.span("finalize"):                            # nothing to append
