@@ -90,6 +90,21 @@ def test_runner_leaves_the_model_intact(syn, tmp_path):
     assert torch.equal(hf_logits(load_model(str(tmp_path / "m"), "float32", "cpu"), ids), ref)
 
 
+def test_a_runner_after_the_model_moved_fuses_its_weights_again(syn):
+    # A first runner fuses q/k/v and gate/up (the modules keep views); moving or casting the model afterwards gives
+    # every module a tensor of its own, so a second runner must fuse those, not reuse the first fusion (left behind
+    # in the old dtype: float32 weights against float64 activations would stop it).
+    from lib.models.synthetic import make_pair
+    _, model = make_pair(syn, 0, "float32", "cpu", ("draft",))
+    ids = ids_of(9, 6)
+    runner_logits(model, Runner(model, 16), ids, [4])
+    model.double()
+    assert torch.allclose(runner_logits(model, Runner(model, 16), ids, [4]), hf_logits(model, ids), atol=1e-6, rtol=0)
+    att = model.model.layers[0].self_attn
+    fused, sizes = model.model.layers[0].__dict__["fused_qkv"]
+    assert fused.dtype == torch.float64 and att.k_proj.weight.data_ptr() == fused.split(sizes)[1].data_ptr()
+
+
 def test_runner_cache_overflow(pair):
     model = pair[1]
     r = Runner(model, 16)

@@ -131,6 +131,10 @@ def test_concatenated_projections_and_module():
     assert torch.equal(fused(x[None])[0], both)                   # (1, n, K) -> (1, n, N)
     assert mods[1].words.data_ptr() == fused.words[:, 64:].data_ptr()            # views of the fused tensors
     assert all(torch.equal(m(x), y) for m, y in zip(mods, alone))  # and still the same projections
+    from lib.engine.layer import _still_views                      # a second runner reuses the fusion...
+    assert _still_views(mods, fused, [64, 128])
+    mods[1].words = mods[1].words.clone()                          # ...unless a move gave a module its own tensors
+    assert not _still_views(mods, fused, [64, 128])
 
 
 def test_errors():

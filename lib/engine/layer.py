@@ -97,12 +97,22 @@ def fuse_projections(layer) -> dict:
         return {}
     out = {}
     for name, group in groups.items():
-        if "fused_" + name not in layer.__dict__:                                           # else a second runner
+        if not _still_views(group, *layer.__dict__.get("fused_" + name, (None, None))):   # else a second runner
             sizes = [m.out_features for m in group]
             layer.__dict__["fused_" + name] = (_concat_weights(group, sizes) if plain else type(group[0]).concat(group),
                                                sizes)
         out[name], out[name + "_sizes"] = layer.__dict__["fused_" + name]
     return out
+
+
+def _still_views(group, fused, sizes) -> bool:
+    """Whether the modules of `group` still hold views of an earlier fusion's tensor: moving or casting the model
+    since (`.to`, `.half`) gives each module a tensor of its own and leaves the fused one where it was."""
+    if fused is None:
+        return False
+    if isinstance(fused, torch.Tensor):
+        return all(m.weight.data_ptr() == w.data_ptr() for m, w in zip(group, fused.split(sizes)))
+    return all(m.words.data_ptr() == w.data_ptr() for m, w in zip(group, fused.words.split(sizes, dim=1)))
 
 
 def _concat_weights(group, sizes: list[int]) -> torch.Tensor:
