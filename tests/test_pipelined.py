@@ -67,18 +67,24 @@ def test_every_schedule_emits_greedy_decoding(engines, head, schedule):
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and streams need a GPU")
 
 
-@pytest.fixture(scope="module")
-def cuda_engines(syn):
-    """The engines on a GPU with CUDA graphs, none captured yet (each is captured at its first call)."""
+def gpu_engines(syn, draft_device: str):
+    """The target on cuda:0 and the drafts on draft_device with CUDA graphs, none captured yet (each is captured
+    at its first call)."""
     from lib.models import clustering as cl
     from lib.models.synthetic import make_pair
-    target, draft = make_pair(syn, 0, "float32", "cuda")
+    target, draft = make_pair(syn, 0, "float32", "cuda:0")
+    draft.to(draft_device)
     W, graphs = draft.get_output_embeddings().weight.detach(), Acceleration(graphs=True)
     assign = cl.spherical_kmeans(W.cpu(), 64, 8, seed=0, equal=True, candidates=8, progress=False)
     cents = cl.centroids_of(cl.unit(W.cpu().float()), assign, 64)
-    flash = heads.FlashHead(W, cents.cuda(), assign.cuda(), 2, [0])
+    flash = heads.FlashHead(W, cents.to(draft_device), assign.to(draft_device), 2, [0])
     mk = lambda head: make_draft(draft, head, 96, graphs)
     return make_target(target, 96, graphs), {"dense": mk(heads.DenseHead(W)), "flash": mk(flash)}
+
+
+@pytest.fixture(scope="module")
+def cuda_engines(syn):
+    return gpu_engines(syn, "cuda:0")
 
 
 @CUDA
@@ -102,3 +108,18 @@ def test_pipelined_sampling_on_a_gpu_equals_ordinary_sampling(cuda_engines, head
             piped, serial = run("pipelined"), run("ordinary")
             for f in FIELDS:
                 assert getattr(piped, f) == getattr(serial, f), (f, seed)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the thesis's placement needs two GPUs")
+@pytest.mark.parametrize("head", ["dense", "flash"])
+def test_with_the_draft_on_a_second_gpu_every_schedule_emits_greedy_decoding(syn, head):
+    # The thesis's placement (the two_gpu profiles): tokens cross between the GPUs every round, and the pipelined
+    # schedule appends on cuda:0 while cuda:1 proposes; it must still equal the serial ordinary schedule.
+    target, drafts = gpu_engines(syn, "cuda:1")
+    assert drafts[head].runner.cache.k.device == torch.device("cuda:1")
+    for prompt in PROMPTS:
+        want = sp.generate_baseline(target, sp.Request(prompt, 20)).tokens
+        runs = {s: sp.generate_speculative(target, drafts[head], sp.Request(prompt, 20, s, 3)) for s in modes.SCHEDULES}
+        assert all(r.tokens == want for r in runs.values()), {s: r.tokens for s, r in runs.items()}
+        for f in FIELDS:
+            assert getattr(runs[modes.PIPELINED], f) == getattr(runs[modes.ORDINARY], f), f
