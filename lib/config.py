@@ -152,6 +152,7 @@ class Bench:
     compile_target: bool = False      # the same for the target (one compile per verify length)
     head_kernel: str = "triton"       # both heads on CUDA: the "triton" kernels (lib/engine/kernels.py) or "torch" ops; CPUs: torch
     verify_lengths: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8])
+    head_batches: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])   # notebook 02's batch study
 
 
 @dataclass(frozen=True)

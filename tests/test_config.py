@@ -213,6 +213,12 @@ def test_unknown_mode(tmp_path, smoke_data):
     assert "decode.modes" in msg and "turbo" in msg
 
 
+def test_a_batch_size_below_one_is_refused(tmp_path, smoke_data):
+    smoke_data["bench"]["head_batches"] = [1, 0, 8]
+    msg = load_error(tmp_path, smoke_data)
+    assert "bench.head_batches" in msg and "[1, 0, 8]" in msg
+
+
 def test_unknown_side_study(tmp_path, smoke_data):
     smoke_data["side_studies"] = ["sampling", "ablation"]
     msg = load_error(tmp_path, smoke_data)

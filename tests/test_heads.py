@@ -289,3 +289,30 @@ def test_flash_head_checks_its_triton_kernel_at_construction(parts, monkeypatch,
     monkeypatch.setattr(heads_mod, "triton_kernels", fake_kernels(flash=lambda h, W, cents, c2t, p: torch.zeros(1, dtype=torch.long)))
     with pytest.raises(heads_mod.KernelUnavailable):                       # with_probes checks its own kernel too
         head.with_probes(4, "triton")
+
+
+@pytest.mark.parametrize("probes", [1, 3, N_CLUSTERS])
+@pytest.mark.parametrize("n", [1, 5, 64])
+def test_union_select_is_each_rows_flashhead_choice(parts, hidden, probes, n):
+    head = flash(parts, probes)
+    h = hidden[torch.randperm(hidden.shape[0], generator=torch.Generator().manual_seed(n))[:n]]
+    assert torch.equal(head.union_select(h), head.reference(h))
+
+
+def test_union_select_breaks_ties_to_the_smaller_id(parts):
+    W, cents, assign = parts
+    c2t = FlashHead(W, cents, assign, 1, []).c2t
+    a, b = sorted([c2t[0, 3].item(), c2t[1, 5].item()])      # tokens in clusters 0 and 1
+    W2 = W.clone()
+    W2[a] = W2[b]                                             # equal logits for every hidden state
+    head = FlashHead(W2, cents, assign, N_CLUSTERS, [])       # every cluster probed: both are candidates
+    h = 10 * W2[b][None]
+    assert (h @ W2.T).argmax().item() == a                    # the dense argmax: the first maximum
+    assert head.union_select(h).item() == a
+
+
+def test_probed_marks_exactly_the_probe_clusters(parts, hidden):
+    head = flash(parts, 3)
+    hit = head.probed(hidden)
+    assert hit.shape == (hidden.shape[0], N_CLUSTERS) and (hit.sum(1) == 3).all()
+    assert torch.equal(hit.nonzero()[:, 1].view(-1, 3), head.probes(hidden).sort(1).values)

@@ -109,6 +109,25 @@ class FlashHead:
         logits = torch.einsum("nmd,nd->nm", self.weight[cand], h)              # (n,m)
         return cand.gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
 
+    def probed(self, h: torch.Tensor) -> torch.Tensor:
+        """(n,c) bool: the clusters each of the hidden states h (n,d) probes."""
+        hit = torch.zeros(h.shape[0], self.n_clusters, dtype=torch.bool, device=h.device)
+        return hit.scatter_(1, self.probes(h), True)
+
+    def union_select(self, h: torch.Tensor) -> torch.Tensor:
+        """h (n,d) -> token ids (n,): each row's FlashHead choice, ties to the smaller id, for a batch of rows
+        scored by one GEMM over the union of the clusters they probe (each probed cluster's token rows are read
+        once, however many rows probe it; a row's logits outside its own clusters are masked)."""
+        probed = self.probed(h)                                                 # (n,c)
+        union = probed.any(0).nonzero().squeeze(1)                              # (u,) clusters any row probes
+        b = self.c2t.shape[1]
+        tokens = torch.cat([self.c2t[union].flatten(), self.special])           # (u*b + s,)
+        keep = torch.cat([probed[:, union].repeat_interleave(b, 1),             # a row scores its own clusters
+                          probed.new_ones(h.shape[0], self.special.numel())], 1)   # and every special token
+        tokens, order = tokens.sort()                                           # argmax ties: the smallest id
+        logits = (h @ self.weight[tokens].T).masked_fill(~keep[:, order], float("-inf"))
+        return tokens[logits.argmax(-1)]
+
     def with_probes(self, n_probes: int, kernel: str | None = None) -> "FlashHead":
         """The same head with another probe count (and kernel path)."""
         other = object.__new__(FlashHead)

@@ -147,6 +147,29 @@ def probe_sweep_plot(micro: dict):
     return ax
 
 
+def head_batch_plot(batches: dict):
+    """Notebook 02's batch study (head_batches.json). Left: the share of FlashHead's clusters that B rows probe
+    together (mean, 5-95 % band) beside independent uniform probes; right: both heads' batched times against B, with
+    FlashHead's time were it as fast as the dense head a byte (dense time / bytes ratio: a bound, dotted)."""
+    t = pd.DataFrame(batches["rows"]).set_index("batch")
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3))
+    a.fill_between(t.index, t["union_share_p5"], t["union_share_p95"], alpha=0.25, color="C1")
+    a.plot(t.index, t["union_share"], "o-", color="C1", label="these states")
+    a.plot(t.index, t["uniform_share"], "k--", label="uniform probes")
+    a.set(xscale="log", xlabel="batch size B", ylabel="share of clusters probed", ylim=(0, 1.02),
+          title=f"union of the probed clusters (p = {batches['n_probes']} of {batches['n_clusters']})")
+    a.legend(fontsize=8)
+    dense, flash = (t[k].map(lambda s: s["mean_ms"]) for k in ("dense", "flash"))
+    b.plot(t.index, dense, "o-", color="0.3", label="dense head")
+    b.plot(t.index, flash, "o-", color="C1", label="FlashHead (union GEMM)")
+    b.plot(t.index, dense / t["bytes_ratio"], ":", color="C1", label="FlashHead at dense's bytes/s (bound)")
+    b.set(xscale="log", yscale="log", xlabel="batch size B", ylabel="ms per call (mean)",
+          title=f"batched heads, {batches['device']}")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def head_effect_plot(micro: dict, ratios: pd.DataFrame, run: str = ""):
     """Notebook 04: FlashHead against the dense head. Left: the draft's time per token in a round's proposal block
     (p50), the body and what the head adds to it, each draft's floor marked; right: the FlashHead draft's decode

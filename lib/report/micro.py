@@ -110,3 +110,16 @@ def int4_invariance_table(int4: dict) -> pd.DataFrame:
             seen = df.dropna(subset=[col]).groupby("kernel", sort=False)[col]
             out[col.replace("_", "-")] = seen.sum().astype(int).astype(str) + " of " + seen.size().astype(str)
     return pd.DataFrame(out)
+
+
+def head_batch_table(batches: dict) -> pd.DataFrame:
+    """head_batches.json by batch size: the share of FlashHead's clusters a batch's rows probe together (mean over
+    random batches, its 5-95 % range, and the share independent uniform probes would give), both heads' batched
+    times (mean, p50), FlashHead's speedup, and the bytes ratio that bounds it where both heads read at the same
+    bandwidth."""
+    return pd.DataFrame([{"batch": r["batch"], "union share": r["union_share"],
+                          "union share p5-p95": f"{r['union_share_p5']:.3f}-{r['union_share_p95']:.3f}",
+                          "uniform probes": r["uniform_share"], "dense mean ms": r["dense"]["mean_ms"],
+                          "dense p50 ms": r["dense"]["p50_ms"], "FlashHead mean ms": r["flash"]["mean_ms"],
+                          "FlashHead p50 ms": r["flash"]["p50_ms"], "speedup": r["speedup"],
+                          "bytes dense / FlashHead": r["bytes_ratio"]} for r in batches["rows"]]).set_index("batch")

@@ -10,7 +10,7 @@ from collections import Counter
 import torch
 
 from ..engine import adaptive
-from ..models import checkpoints, build as engines
+from ..models import build as engines
 from .. import modes, results
 from . import common as study
 from ..engine.blocks import FixedK, make_policy
@@ -19,15 +19,6 @@ from ..models.flash_checkpoint import ensure_flash_checkpoint
 from ..engine.heads import GraphedHead
 from ..progress import note, steps
 from ..engine.speculative import Draft, Request, generate_baseline, generate_speculative
-
-
-def trajectory_states(profile: Profile, fh) -> tuple[torch.Tensor, torch.Tensor]:
-    """The draft's hidden states along the greedy trajectories of the profile's prompts (the positions a draft
-    is asked about, at its own depth) and the dense head's choice at each."""
-    draft = checkpoints.load_draft(profile)
-    seqs, starts = study.greedy_trajectories(profile, draft, study.encoded_prompts(profile))
-    H = study.hidden_states(draft, seqs, profile.models.exit_layer, starts).to(fh.weight)
-    return H, (H @ fh.weight.T).argmax(-1)
 
 
 def top1(cand: torch.Tensor, keep: torch.Tensor, best: torch.Tensor) -> float:
@@ -222,7 +213,7 @@ def adaptive_study(profile: Profile, target_model=None, n_prompts: int | None = 
     schedule = schedule or (modes.DEFERRED if modes.DEFERRED in profile.decode.schedules else profile.decode.schedules[0])
     ensure_flash_checkpoint(profile)
     target, drafts, fh = study_drafts(profile, target_model)
-    H, best = trajectory_states(profile, fh)
+    H, best = study.trajectory_states(profile, fh)
     enc = study.side_prompts(profile)[:n_prompts]
     k_policies = k_policy_drafters(profile, fh, schedule)
     stats = run_drafters(profile, target, drafts, enc, schedule, study.stop_tokens(profile), k_policies)

@@ -75,6 +75,15 @@ def greedy_trajectories(profile: Profile, model, enc: list) -> tuple[list[list[i
     return seqs, [len(ids) - 1 for _, ids in enc]
 
 
+def trajectory_states(profile: Profile, fh) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's hidden states along the greedy trajectories of the profile's prompts (the positions a draft
+    is asked about, at its own depth) and the dense head's choice at each."""
+    draft = checkpoints.load_draft(profile)
+    seqs, starts = greedy_trajectories(profile, draft, encoded_prompts(profile))
+    H = hidden_states(draft, seqs, profile.models.exit_layer, starts).to(fh.weight)
+    return H, (H @ fh.weight.T).argmax(-1)
+
+
 def device_info(profile: Profile) -> dict:
     return {"target": bench.device_name(profile.target_device), "draft": bench.device_name(profile.draft_device),
             "torch": torch.__version__, "cuda": torch.version.cuda}

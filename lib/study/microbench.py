@@ -17,9 +17,10 @@ from . import exit_depth
 from .common import encoded_prompts, stop_tokens
 
 # What notebook 02 shows, reached through its one import of this module.
-from ..report.figures import exit_depth_plot, int4_kernel_plot, probe_sweep_plot  # noqa: F401
-from ..report.micro import (breakdown_table, draft_step_table, floor_table, int4_invariance_table,  # noqa: F401
-                             int4_kernel_frame, int4_kernel_table)
+from ..report.figures import exit_depth_plot, head_batch_plot, int4_kernel_plot, probe_sweep_plot  # noqa: F401
+from ..report.micro import (breakdown_table, draft_step_table, floor_table, head_batch_table,  # noqa: F401
+                             int4_invariance_table, int4_kernel_frame, int4_kernel_table)
+from .head_batches import head_batch_study  # noqa: F401
 from .int4_kernels import int4_kernel_bench  # noqa: F401
 from ..report.thesis import micro_tables  # noqa: F401
 from .common import setup  # noqa: F401
