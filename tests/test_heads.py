@@ -316,3 +316,27 @@ def test_probed_marks_exactly_the_probe_clusters(parts, hidden):
     hit = head.probed(hidden)
     assert hit.shape == (hidden.shape[0], N_CLUSTERS) and (hit.sum(1) == 3).all()
     assert torch.equal(hit.nonzero()[:, 1].view(-1, 3), head.probes(hidden).sort(1).values)
+
+
+def test_batched_checks_its_triton_kernel_on_first_use(parts, hidden, monkeypatch, as_if_cuda):
+    """FlashHead.batched with kernel "triton": the batched kernel is checked against exact_fp32 before its first
+    batch and refused in one line when it disagrees; once accepted it is used (never union_select)."""
+    W, cents, assign = parts
+    ref = FlashHead(W, cents, assign, 2, SPECIAL_IDS)
+    fake = SimpleNamespace(flash_greedy_triton=lambda h, *a: heads_mod.exact_fp32(ref, h),
+                           flash_batch_triton=lambda h, *a: heads_mod.exact_fp32(ref, h) + 1)
+    monkeypatch.setattr(heads_mod, "triton_kernels", lambda: (None, fake))
+    head = FlashHead(W, cents, assign, 2, SPECIAL_IDS, kernel="triton")
+    with pytest.raises(heads_mod.KernelUnavailable, match=r"^FlashHead \(2 probes, batched\) on cpu: .* disagrees "
+                                                            r"with the fp32 reference on 16 of 16 probe hidden states"):
+        head.batched(hidden[:4])
+    calls = []
+    fake.flash_batch_triton = lambda h, *a: calls.append(len(h)) or heads_mod.exact_fp32(ref, h)
+    monkeypatch.setattr(head, "union_select", None)
+    assert torch.equal(head.batched(hidden[:5]), head.reference(hidden[:5])) and head.batched_ran == "triton"
+    assert calls == [16, 5]                                                 # the check's batch, then ours
+
+
+def test_batched_on_a_cpu_is_union_select(parts, hidden):
+    head = flash(parts, 3)
+    assert head.batched_ran == "torch" and torch.equal(head.batched(hidden[:9]), head.union_select(hidden[:9]))

@@ -32,6 +32,22 @@ def test_flash_matches_reference_with_ties(seed):
     assert paths == {(64, 0), (2, 0), (2, 1)}                          # both paths ran
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_batched_flash_is_each_rows_choice_with_ties(seed, monkeypatch):
+    """flash_batch_triton: each row of a batch picks flash_ref's token (probe ties to the smaller cluster id,
+    token ties to the smaller id); equal centroids make every probe a tie; a head without specials too; segments
+    of 16 centroids (three of them, the last one short) as well as one."""
+    g, W, cents, c2t_ext = problem(seed, specials=() if seed == 1 else (3, 70))
+    h = ints(g, 4, W.shape[1])
+    c = cents.shape[0]
+    for cs, seg, probes in ((cents, 1024, (1, 5, c)), (torch.ones_like(cents), 1024, (3,)), (cents, 16, (2, 20))):
+        monkeypatch.setattr(F, "SEGMENT", seg)
+        for p in probes:
+            got = F.flash_batch_triton(h, W, cs, c2t_ext, p, R=4, block_d=16)
+            assert got.shape == (4,) and got.dtype == torch.int64
+            assert got.tolist() == [flash_ref(h[r:r + 1], W, cs, c2t_ext, p).item() for r in range(4)], (seg, p)
+
+
 def test_flash_all_scores_equal():
     """Every cluster ties: the probes are clusters 0..p-1, the token the smallest among the best."""
     g, W, cents, c2t_ext = problem(7)

@@ -13,6 +13,7 @@ pytest.importorskip("triton")
 import lib.engine.flash_kernels as F  # noqa: E402
 import lib.engine.kernels as K  # noqa: E402
 from flash_cases import flash_ref, ints, problem  # noqa: E402
+from lib.bench import capture  # noqa: E402
 
 if type(K._dense_argmax).__name__ == "InterpretedFunction":
     pytest.skip("Triton was imported under the interpreter: run this file alone", allow_module_level=True)
@@ -58,6 +59,28 @@ def test_flash_many_programs_and_ties():
             h = ints(g, 1, d)
             got = F.flash_greedy_triton(h.to(DEV), W.to(DEV), cents.to(DEV), c2t_ext.to(DEV), p)
             assert got.item() == flash_ref(h, W, cents, c2t_ext, p).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batched_flash_is_each_rows_choice_on_the_gpu(dtype):
+    """flash_batch_triton on a GPU, where a batch's programs fold into best[r] concurrently: each row's flash_ref
+    token (3-valued centroid scores: many ties) at every batch size and probe count, replayed from a CUDA graph
+    too."""
+    g = torch.Generator().manual_seed(11)
+    c, b, d = 600, 4, 8
+    W, cents = ints(g, c * b, d), ints(g, c, d, lo=-1, hi=1)
+    c2t_ext = torch.cat([torch.randperm(c * b, generator=g).view(c, b), torch.tensor([[3, 70, -1, -1]])]).contiguous()
+    args = (W.to(DEV, dtype), cents.to(DEV, dtype), c2t_ext.to(DEV))
+    for n in (1, 7, 64):
+        h = ints(g, n, d)
+        for p in (1, 16, 128):
+            want = [flash_ref(h[r:r + 1], W, cents, c2t_ext, p).item() for r in range(n)]
+            assert F.flash_batch_triton(h.to(DEV, dtype), *args, p).tolist() == want, (n, p)
+    x = h.to(DEV, dtype)
+    graph, out = capture(lambda: F.flash_batch_triton(x, *args, 16))
+    x.copy_(ints(g, 64, d).to(DEV, dtype))
+    graph.replay()
+    assert out.tolist() == [flash_ref(x[r:r + 1].float().cpu(), W, cents, c2t_ext, 16).item() for r in range(64)]
 
 
 def test_dense_is_argmax_smallest_id_on_the_gpu():

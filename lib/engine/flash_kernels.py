@@ -226,3 +226,72 @@ def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, **tuning):
                                    min(t.TF, triton.next_power_of_2(C)), min(t.T, triton.next_power_of_2(C)), pdl,
                                    **opts)
     return out
+
+
+
+
+@triton.jit
+def _batch_centroid_keys(h_ptr, c_ptr, keys_ptr, n, C, D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr):
+    """Batched launch 1. Program g holds centroids g*R..g*R+R-1 (read once) and writes each of the n rows' keys of
+    their fp32 scores (kernels._key) to keys (n, C)."""
+    cents = tl.program_id(0) * R + tl.arange(0, R)
+    ok, d = cents < C, tl.arange(0, BD)
+    w = tl.load(c_ptr + cents.to(tl.int64)[:, None] * D + d[None, :], mask=ok[:, None] & (d < D)[None, :],
+                other=0.0).to(tl.float32)
+    for r in range(n):
+        x = tl.load(h_ptr + r * D + d, mask=d < D, other=0.0).to(tl.float32)
+        tl.store(keys_ptr + r * C + cents, _key(tl.sum(w * x[None, :], 1), cents, ok), mask=ok)
+
+
+@triton.jit
+def _batch_segment_top(keys_ptr, cand_ptr, C, SEG: tl.constexpr, KEEP: tl.constexpr):
+    """Batched launch 2. Program (r, s) sorts row r's keys of centroids s*SEG..s*SEG+SEG-1 and keeps the best KEEP
+    (>= p, or all): the row's top p lie among its segments' kept keys."""
+    r, s = tl.program_id(0), tl.program_id(1)
+    j = s * SEG + tl.arange(0, SEG)
+    k = tl.sort(tl.load(keys_ptr + r.to(tl.int64) * C + j, mask=j < C, other=_MIN64), descending=True)
+    t = tl.arange(0, SEG)
+    tl.store(cand_ptr + (r * tl.num_programs(1) + s) * KEEP + t, k, mask=t < KEEP)
+
+
+@triton.jit
+def _flash_batch_tokens(h_ptr, w_ptr, c2t_ptr, cand_ptr, best_ptr, C, P, M, D: tl.constexpr, B: tl.constexpr,
+                        BP: tl.constexpr, MP: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Batched launch 3. Program (r, i) of (n, P + 1) finds row r's i-th probe among its M kept keys (a sort; i = P:
+    the special tokens, row C of c2t, -1 = none), scores its b tokens against hidden state r and folds their best
+    key into best[r]. A cluster that several rows probe is read from memory once and from L2 after that."""
+    r, i = tl.program_id(0), tl.program_id(1)
+    m = tl.arange(0, MP)
+    kept = tl.sort(tl.load(cand_ptr + r.to(tl.int64) * M + m, mask=m < M, other=_MIN64), descending=True)
+    cluster = tl.where(i < P, _index(tl.sum(tl.where(m == i, kept, 0), 0)), C)
+    jb = tl.arange(0, BP)
+    toks = tl.load(c2t_ptr + cluster.to(tl.int64) * B + jb, mask=jb < B, other=-1).to(tl.int32)
+    ok = toks >= 0
+    key = _key(_dot_rows(h_ptr + r.to(tl.int64) * D, w_ptr, toks, ok, BP, D, BLOCK_D), toks, ok)
+    tl.atomic_max(best_ptr + r, tl.max(key, axis=0), sem="relaxed")
+
+
+SEGMENT = 1024                  # centroids a batched segment program sorts
+
+
+def flash_batch_triton(h, W, cents, c2t_ext, n_probes, R=16, block_d=1024, warps=8):
+    """h (n,d) -> tokens (n,) int64: FlashHead greedy for n hidden states at once, in three launches and no host
+    synchronisation (graph-capturable): every row's centroid keys (fp32 scores; each centroid tile read once), the
+    best p of each segment of SEGMENT centroids, then n x (p + 1) programs that each pick one probe and score its
+    tokens. Ties as flash_greedy_triton's (probes: the smaller cluster id; tokens: the smaller id). W (V,d), cents
+    (c,d) and h contiguous, same dtype; c2t_ext as there."""
+    n, D = h.shape
+    C, B = cents.shape[0], c2t_ext.shape[1]
+    check_flash_config(C, B, n_probes, c2t_ext.shape[0], FlashTuning())
+    seg = min(SEGMENT, triton.next_power_of_2(C))
+    nseg, keep = triton.cdiv(C, seg), min(triton.next_power_of_2(n_probes), seg)
+    keys = torch.empty(n, C, dtype=torch.int64, device=h.device)
+    cand = torch.empty(n, nseg * keep, dtype=torch.int64, device=h.device)
+    best = torch.full((n,), -2 ** 63, dtype=torch.int64, device=h.device)
+    bd = triton.next_power_of_2(D)
+    _batch_centroid_keys[(triton.cdiv(C, R),)](h, cents, keys, n, C, D, R, bd, num_warps=warps)
+    _batch_segment_top[(n, nseg)](keys, cand, C, seg, keep, num_warps=warps)
+    _flash_batch_tokens[(n, n_probes + 1)](h, W, c2t_ext, cand, best, C, n_probes, nseg * keep, D, B,
+                                            triton.next_power_of_2(B), triton.next_power_of_2(nseg * keep),
+                                            min(block_d, bd), num_warps=4)
+    return 0x7FFFFFFF - (best & 0x7FFFFFFF)                   # kernels._index: the best key's token

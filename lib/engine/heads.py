@@ -70,6 +70,7 @@ class FlashHead:
         self.n_probes = n_probes
         self.rows = max([r for r in range(1, 9) if c % r == 0 and c // r >= n_probes], default=1)
         self.fused = fused_kernel(self) if wants_triton(self.kernel, self.weight) else None
+        self.batch_fn = None                                                    # made on first use (batched)
 
     @property
     def kernel_ran(self) -> str:
@@ -127,6 +128,20 @@ class FlashHead:
         tokens, order = tokens.sort()                                           # argmax ties: the smallest id
         logits = (h @ self.weight[tokens].T).masked_fill(~keep[:, order], float("-inf"))
         return tokens[logits.argmax(-1)]
+
+    def batched(self, h: torch.Tensor) -> torch.Tensor:
+        """h (n,d) -> token ids (n,) for a batch of hidden states: with kernel "triton" on CUDA the batched Triton
+        path (flash_kernels.flash_batch_triton; checked on first use against exact_fp32, KernelUnavailable if it
+        disagrees), else union_select. `batched_ran` says which."""
+        if not wants_triton(self.kernel, self.weight):
+            return self.union_select(h)
+        if self.batch_fn is None:
+            self.batch_fn = require_triton(flash_batch(self), f"FlashHead ({self.n_probes} probes, batched)", self.weight)
+        return self.batch_fn(h)
+
+    @property
+    def batched_ran(self) -> str:
+        return "triton" if wants_triton(self.kernel, self.weight) else "torch"
 
     def with_probes(self, n_probes: int, kernel: str | None = None) -> "FlashHead":
         """The same head with another probe count (and kernel path)."""
@@ -202,15 +217,46 @@ def flash_triton(head: FlashHead) -> tuple:
         _, F = triton_kernels()
     except ImportError as e:
         return None, f"Triton is not importable ({one_line(e)})"
-    c, b = head.c2t.shape
+    b = head.c2t.shape[1]
     if head.special.numel() > b:                                               # one row holds the special tokens
         return None, f"its {head.special.numel()} special tokens do not fit one cluster row ({b} tokens)"
-    special = head.special.repeat(b)[:b] if head.special.numel() else torch.full_like(head.c2t[0], -1)
-    c2t_ext = torch.cat([head.c2t, special[None]]).contiguous()                 # row c: the special tokens (-1: none)
+    c2t_ext = extended_c2t(head)
     W, cents, p = head.weight.contiguous(), head.centroids.contiguous(), head.n_probes
     fn = lambda h: on_device(W, F.flash_greedy_triton, h.contiguous(), W, cents, c2t_ext, p)
     probe = probe_states(W)
     return checked(fn, probe, exact_fp32(head, probe))
+
+
+def flash_batch(head: FlashHead) -> tuple:
+    """The batched Triton FlashHead (flash_kernels.flash_batch_triton) and the reason it cannot be used, as
+    flash_triton: checked against exact_fp32 on a batch of probe hidden states."""
+    try:
+        _, F = triton_kernels()
+    except ImportError as e:
+        return None, f"Triton is not importable ({one_line(e)})"
+    if head.special.numel() > head.c2t.shape[1]:
+        return None, f"its {head.special.numel()} special tokens do not fit one cluster row ({head.c2t.shape[1]} tokens)"
+    c2t_ext = extended_c2t(head)
+    W, cents, p = head.weight.contiguous(), head.centroids.contiguous(), head.n_probes
+    fn = lambda h: on_device(W, F.flash_batch_triton, h.contiguous(), W, cents, c2t_ext, p)
+    probe = probe_states(W, 16)
+    try:
+        got = fn(probe)
+    except Exception as e:                                                      # noqa: BLE001 - reported as the reason
+        return None, f"the batched Triton kernel failed ({one_line(e)})"
+    want = exact_fp32(head, probe)
+    if not torch.equal(got, want):
+        bad = int((got != want).sum())
+        return None, f"the batched Triton kernel disagrees with the fp32 reference on {bad} of {len(want)} probe hidden states"
+    return fn, ""
+
+
+def extended_c2t(head: FlashHead) -> torch.Tensor:
+    """c2t with one more row, the special tokens (repeated to fill it; -1 where there are none): the Triton
+    kernels score it as cluster c."""
+    b = head.c2t.shape[1]
+    special = head.special.repeat(b)[:b] if head.special.numel() else torch.full_like(head.c2t[0], -1)
+    return torch.cat([head.c2t, special[None]]).contiguous()
 
 
 def dense_triton(weight: torch.Tensor) -> tuple:

@@ -116,10 +116,12 @@ def head_batch_table(batches: dict) -> pd.DataFrame:
     """head_batches.json by batch size: the share of FlashHead's clusters a batch's rows probe together (mean over
     random batches, its 5-95 % range, and the share independent uniform probes would give), both heads' batched
     times (mean, p50), FlashHead's speedup, and the bytes ratio that bounds it where both heads read at the same
-    bandwidth."""
+    bandwidth; on a GPU each head's floor (its bytes at the measured copy bandwidth)."""
     return pd.DataFrame([{"batch": r["batch"], "union share": r["union_share"],
                           "union share p5-p95": f"{r['union_share_p5']:.3f}-{r['union_share_p95']:.3f}",
                           "uniform probes": r["uniform_share"], "dense mean ms": r["dense"]["mean_ms"],
                           "dense p50 ms": r["dense"]["p50_ms"], "FlashHead mean ms": r["flash"]["mean_ms"],
                           "FlashHead p50 ms": r["flash"]["p50_ms"], "speedup": r["speedup"],
-                          "bytes dense / FlashHead": r["bytes_ratio"]} for r in batches["rows"]]).set_index("batch")
+                          "bytes dense / FlashHead": r["bytes_ratio"],
+                          **({"dense floor ms": r["dense_floor_ms"], "FlashHead floor ms": r["flash_floor_ms"]}
+                             if "dense_floor_ms" in r else {})} for r in batches["rows"]]).set_index("batch")
