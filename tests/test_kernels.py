@@ -36,16 +36,19 @@ def test_flash_matches_reference_with_ties(seed):
 def test_batched_flash_is_each_rows_choice_with_ties(seed, monkeypatch):
     """flash_batch_triton: each row of a batch picks flash_ref's token (probe ties to the smaller cluster id,
     token ties to the smaller id); equal centroids make every probe a tie; a head without specials too; segments
-    of 16 centroids (three of them, the last one short) as well as one."""
+    of 16 centroids (three of them, the last one short) as well as one; Triton's topk and a whole sort."""
     g, W, cents, c2t_ext = problem(seed, specials=() if seed == 1 else (3, 70))
+    monkeypatch.setattr(F, "TOPK", F.TOPK and seed == 0)              # seed 1: the segments' whole sort
     h = ints(g, 4, W.shape[1])
     c = cents.shape[0]
     for cs, seg, probes in ((cents, 1024, (1, 5, c)), (torch.ones_like(cents), 1024, (3,)), (cents, 16, (2, 20))):
         monkeypatch.setattr(F, "SEGMENT", seg)
         for p in probes:
-            got = F.flash_batch_triton(h, W, cs, c2t_ext, p, R=4, block_d=16)
+            got = F.flash_batch_triton(h, W, cs, c2t_ext, p, R=16, block_d=16)
             assert got.shape == (4,) and got.dtype == torch.int64
             assert got.tolist() == [flash_ref(h[r:r + 1], W, cs, c2t_ext, p).item() for r in range(4)], (seg, p)
+    with pytest.raises(ValueError, match="R and NB must be powers of two >= 16"):
+        F.flash_batch_triton(h, W, cents, c2t_ext, 2, R=8)
 
 
 def test_flash_all_scores_equal():

@@ -230,40 +230,61 @@ def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, **tuning):
 
 
 
+
 @triton.jit
-def _batch_centroid_keys(h_ptr, c_ptr, keys_ptr, n, C, D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr):
-    """Batched launch 1. Program g holds centroids g*R..g*R+R-1 (read once) and writes each of the n rows' keys of
-    their fp32 scores (kernels._key) to keys (n, C)."""
+def _batch_centroid_keys(h_ptr, c_ptr, keys_ptr, n, C, D: tl.constexpr, R: tl.constexpr, NB: tl.constexpr,
+                         BK: tl.constexpr, PREC: tl.constexpr):
+    """Batched launch 1. Program g scores centroids g*R..g*R+R-1 against the n rows, NB rows a tensor-core dot
+    (fp32 sums), and writes each row's keys of them (kernels._key) to keys (n, C). Its centroids come from memory
+    once, then from L2 for the next block of rows."""
     cents = tl.program_id(0) * R + tl.arange(0, R)
-    ok, d = cents < C, tl.arange(0, BD)
-    w = tl.load(c_ptr + cents.to(tl.int64)[:, None] * D + d[None, :], mask=ok[:, None] & (d < D)[None, :],
-                other=0.0).to(tl.float32)
-    for r in range(n):
-        x = tl.load(h_ptr + r * D + d, mask=d < D, other=0.0).to(tl.float32)
-        tl.store(keys_ptr + r * C + cents, _key(tl.sum(w * x[None, :], 1), cents, ok), mask=ok)
+    ok, k = cents < C, tl.arange(0, BK)
+    for r0 in range(0, n, NB):
+        rows = r0 + tl.arange(0, NB)
+        acc = tl.zeros((R, NB), dtype=tl.float32)
+        for d0 in range(0, D, BK):
+            dk = d0 + k
+            w = tl.load(c_ptr + cents.to(tl.int64)[:, None] * D + dk[None, :], mask=ok[:, None] & (dk < D)[None, :],
+                        other=0.0)
+            x = tl.load(h_ptr + rows[:, None] * D + dk[None, :], mask=(rows < n)[:, None] & (dk < D)[None, :],
+                        other=0.0)
+            acc += tl.dot(w, tl.trans(x), input_precision=PREC)
+        live = ok[:, None] & (rows < n)[None, :]
+        tl.store(keys_ptr + rows[None, :] * C + cents[:, None], _key(acc, cents[:, None], live), mask=live)
 
 
 @triton.jit
-def _batch_segment_top(keys_ptr, cand_ptr, C, SEG: tl.constexpr, KEEP: tl.constexpr):
-    """Batched launch 2. Program (r, s) sorts row r's keys of centroids s*SEG..s*SEG+SEG-1 and keeps the best KEEP
-    (>= p, or all): the row's top p lie among its segments' kept keys."""
+def _batch_segment_top(keys_ptr, cand_ptr, C, SEG: tl.constexpr, KEEP: tl.constexpr, TOPK: tl.constexpr):
+    """Batched launch 2. Program (r, s) keeps the best KEEP (>= p) of row r's keys of centroids s*SEG..s*SEG+SEG-1:
+    the row's top p lie among its segments' kept keys."""
     r, s = tl.program_id(0), tl.program_id(1)
     j = s * SEG + tl.arange(0, SEG)
-    k = tl.sort(tl.load(keys_ptr + r.to(tl.int64) * C + j, mask=j < C, other=_MIN64), descending=True)
-    t = tl.arange(0, SEG)
-    tl.store(cand_ptr + (r * tl.num_programs(1) + s) * KEEP + t, k, mask=t < KEEP)
+    x = tl.load(keys_ptr + r.to(tl.int64) * C + j, mask=j < C, other=_MIN64)
+    at = cand_ptr + (r * tl.num_programs(1) + s) * KEEP
+    if TOPK:                                                  # Triton's partial sort, where it has one
+        tl.store(at + tl.arange(0, KEEP), tl.topk(x, KEEP))
+    else:
+        t = tl.arange(0, SEG)
+        tl.store(at + t, tl.sort(x, descending=True), mask=t < KEEP)
 
 
 @triton.jit
-def _flash_batch_tokens(h_ptr, w_ptr, c2t_ptr, cand_ptr, best_ptr, C, P, M, D: tl.constexpr, B: tl.constexpr,
-                        BP: tl.constexpr, MP: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Batched launch 3. Program (r, i) of (n, P + 1) finds row r's i-th probe among its M kept keys (a sort; i = P:
-    the special tokens, row C of c2t, -1 = none), scores its b tokens against hidden state r and folds their best
-    key into best[r]. A cluster that several rows probe is read from memory once and from L2 after that."""
-    r, i = tl.program_id(0), tl.program_id(1)
+def _batch_probes(cand_ptr, probes_ptr, M, P, MP: tl.constexpr):
+    """Batched launch 3. Program r sorts row r's M kept keys and stores its top P clusters, best first."""
+    r = tl.program_id(0)
     m = tl.arange(0, MP)
     kept = tl.sort(tl.load(cand_ptr + r.to(tl.int64) * M + m, mask=m < M, other=_MIN64), descending=True)
-    cluster = tl.where(i < P, _index(tl.sum(tl.where(m == i, kept, 0), 0)), C)
+    tl.store(probes_ptr + r * P + m, _index(kept), mask=m < P)
+
+
+@triton.jit
+def _flash_batch_tokens(h_ptr, w_ptr, c2t_ptr, probes_ptr, best_ptr, C, P, D: tl.constexpr, B: tl.constexpr,
+                        BP: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Batched launch 4. Program (r, i) of (n, P + 1) scores the b tokens of row r's i-th probe (i = P: the special
+    tokens, row C of c2t; -1 = none) against hidden state r and folds their best key into best[r]. A cluster that
+    several rows probe is read from memory once and from L2 after that."""
+    r, i = tl.program_id(0), tl.program_id(1)
+    cluster = tl.load(probes_ptr + r * P + i, mask=i < P, other=C)
     jb = tl.arange(0, BP)
     toks = tl.load(c2t_ptr + cluster.to(tl.int64) * B + jb, mask=jb < B, other=-1).to(tl.int32)
     ok = toks >= 0
@@ -271,27 +292,35 @@ def _flash_batch_tokens(h_ptr, w_ptr, c2t_ptr, cand_ptr, best_ptr, C, P, M, D: t
     tl.atomic_max(best_ptr + r, tl.max(key, axis=0), sem="relaxed")
 
 
-SEGMENT = 1024                  # centroids a batched segment program sorts
+TOPK = hasattr(tl, "topk")      # Triton's partial sort (newer Triton); else a whole sort
+SEGMENT = 1024 if TOPK else 512  # centroids a batched segment program keeps the best p of
+# One H200, h100 shapes (c = 9,496, p = 16), graphed p50 at 1 / 8 / 64 rows (devtmp/batch_variants.py):
+# segments of 1,024 with topk 28.2 / 28.6 / 64.7 us, of 512 28.1 / 29.2 / 63.3, of 256 34.3 / 36.0 / 71.5; a whole
+# sort 33.3 / 33.6 / 87.0 (1,024) and 28.4 / 30.2 / 72.2 (512); R = 16 centroids a program 2-10 % slower than 32.
 
 
-def flash_batch_triton(h, W, cents, c2t_ext, n_probes, R=16, block_d=1024, warps=8):
-    """h (n,d) -> tokens (n,) int64: FlashHead greedy for n hidden states at once, in three launches and no host
-    synchronisation (graph-capturable): every row's centroid keys (fp32 scores; each centroid tile read once), the
-    best p of each segment of SEGMENT centroids, then n x (p + 1) programs that each pick one probe and score its
-    tokens. Ties as flash_greedy_triton's (probes: the smaller cluster id; tokens: the smaller id). W (V,d), cents
-    (c,d) and h contiguous, same dtype; c2t_ext as there."""
+def flash_batch_triton(h, W, cents, c2t_ext, n_probes, R=32, NB=16, BK=256, block_d=1024):
+    """h (n,d) -> tokens (n,) int64: FlashHead greedy for n hidden states at once, in four launches and no host
+    synchronisation (graph-capturable): every row's centroid keys (fp32 scores on the tensor cores, each centroid
+    tile read from memory once), the best p of each segment of SEGMENT centroids, each row's top p of those, then
+    n x (p + 1) programs that each score one probe's tokens. Ties as flash_greedy_triton's (probes: the smaller
+    cluster id; tokens: the smaller id). W (V,d), cents (c,d) and h contiguous, same dtype; c2t_ext as there."""
     n, D = h.shape
     C, B = cents.shape[0], c2t_ext.shape[1]
     check_flash_config(C, B, n_probes, c2t_ext.shape[0], FlashTuning())
+    if min(R, NB) < 16 or R & (R - 1) or NB & (NB - 1):
+        raise ValueError(f"flash_batch_triton: R and NB must be powers of two >= 16 (tensor-core tiles), got {R}, {NB}")
     seg = min(SEGMENT, triton.next_power_of_2(C))
     nseg, keep = triton.cdiv(C, seg), min(triton.next_power_of_2(n_probes), seg)
     keys = torch.empty(n, C, dtype=torch.int64, device=h.device)
     cand = torch.empty(n, nseg * keep, dtype=torch.int64, device=h.device)
+    probes = torch.empty(n, n_probes, dtype=torch.int32, device=h.device)
     best = torch.full((n,), -2 ** 63, dtype=torch.int64, device=h.device)
-    bd = triton.next_power_of_2(D)
-    _batch_centroid_keys[(triton.cdiv(C, R),)](h, cents, keys, n, C, D, R, bd, num_warps=warps)
-    _batch_segment_top[(n, nseg)](keys, cand, C, seg, keep, num_warps=warps)
-    _flash_batch_tokens[(n, n_probes + 1)](h, W, c2t_ext, cand, best, C, n_probes, nseg * keep, D, B,
-                                            triton.next_power_of_2(B), triton.next_power_of_2(nseg * keep),
-                                            min(block_d, bd), num_warps=4)
+    prec = "ieee" if h.dtype == torch.float32 else "tf32"     # fp32 inputs: no TF32 rounding
+    _batch_centroid_keys[(triton.cdiv(C, R),)](h, cents, keys, n, C, D, R, NB,
+                                               max(16, min(BK, triton.next_power_of_2(D))), prec, num_warps=4)
+    _batch_segment_top[(n, nseg)](keys, cand, C, seg, keep, TOPK, num_warps=8)
+    _batch_probes[(n,)](cand, probes, nseg * keep, n_probes, triton.next_power_of_2(nseg * keep), num_warps=4)
+    _flash_batch_tokens[(n, n_probes + 1)](h, W, c2t_ext, probes, best, C, n_probes, D, B, triton.next_power_of_2(B),
+                                            min(block_d, triton.next_power_of_2(D)), num_warps=4)
     return 0x7FFFFFFF - (best & 0x7FFFFFFF)                   # kernels._index: the best key's token
