@@ -299,15 +299,27 @@ SEGMENT = 1024 if TOPK else 512  # centroids a batched segment program keeps the
 # sort 33.3 / 33.6 / 87.0 (1,024) and 28.4 / 30.2 / 72.2 (512); R = 16 centroids a program 2-10 % slower than 32.
 
 
-def flash_batch_triton(h, W, cents, c2t_ext, n_probes, R=32, NB=16, BK=256, block_d=1024):
+@dataclass(frozen=True)
+class BatchTuning:
+    """The batched launches' settings: R centroids a program and NB rows a tensor-core dot (powers of two >= 16),
+    BK the dot's depth tile; block_d the token scoring's tile."""
+    R: int = 32
+    NB: int = 16
+    BK: int = 256
+    block_d: int = 1024
+
+
+def flash_batch_triton(h, W, cents, c2t_ext, n_probes, **tuning):
     """h (n,d) -> tokens (n,) int64: FlashHead greedy for n hidden states at once, in four launches and no host
     synchronisation (graph-capturable): every row's centroid keys (fp32 scores on the tensor cores, each centroid
     tile read from memory once), the best p of each segment of SEGMENT centroids, each row's top p of those, then
     n x (p + 1) programs that each score one probe's tokens. Ties as flash_greedy_triton's (probes: the smaller
-    cluster id; tokens: the smaller id). W (V,d), cents (c,d) and h contiguous, same dtype; c2t_ext as there."""
+    cluster id; tokens: the smaller id). W (V,d), cents (c,d) and h contiguous, same dtype; c2t_ext as there;
+    tuning: BatchTuning's fields."""
     n, D = h.shape
     C, B = cents.shape[0], c2t_ext.shape[1]
     check_flash_config(C, B, n_probes, c2t_ext.shape[0], FlashTuning())
+    R, NB, BK, block_d = (getattr(BatchTuning(**tuning), f) for f in ("R", "NB", "BK", "block_d"))
     if min(R, NB) < 16 or R & (R - 1) or NB & (NB - 1):
         raise ValueError(f"flash_batch_triton: R and NB must be powers of two >= 16 (tensor-core tiles), got {R}, {NB}")
     seg = min(SEGMENT, triton.next_power_of_2(C))
