@@ -322,8 +322,8 @@ def flash_batch_triton(h, W, cents, c2t_ext, n_probes, **tuning):
     R, NB, BK, block_d = (getattr(BatchTuning(**tuning), f) for f in ("R", "NB", "BK", "block_d"))
     if min(R, NB) < 16 or R & (R - 1) or NB & (NB - 1):
         raise ValueError(f"flash_batch_triton: R and NB must be powers of two >= 16 (tensor-core tiles), got {R}, {NB}")
-    seg = min(SEGMENT, triton.next_power_of_2(C))
-    nseg, keep = triton.cdiv(C, seg), min(triton.next_power_of_2(n_probes), seg)
+    seg = min(SEGMENT, max(16, triton.next_power_of_2(C)))
+    nseg, keep = triton.cdiv(C, seg), min(max(triton.next_power_of_2(n_probes), 16), seg)   # sorts of >= 16
     keys = torch.empty(n, C, dtype=torch.int64, device=h.device)
     cand = torch.empty(n, nseg * keep, dtype=torch.int64, device=h.device)
     probes = torch.empty(n, n_probes, dtype=torch.int32, device=h.device)
