@@ -141,6 +141,7 @@ class FlashHead:
 
     @property
     def batched_ran(self) -> str:
+        """The path that picks the tokens of a batch (batched): "triton" or "torch"."""
         return "triton" if wants_triton(self.kernel, self.weight) else "torch"
 
     def with_probes(self, n_probes: int, kernel: str | None = None) -> "FlashHead":
