@@ -9,6 +9,10 @@ scores its b tokens; the last to finish writes the token. On a slab overflow (a 
 than S) the first program to arrive selects the p probes (radix select over all keys) while the others wait.
 No single program makes the plan for the rest: that serial tail (a scan of the histogram, its stores and loads)
 cost ~6 us an H100 step (issue 25's note). The tie rule and the scratch are kernels.py's.
+
+For a batch of n hidden states (flash_batch_triton, notebook 02's batch study): four launches, each row's centroid
+keys, the best p of each segment of centroids, each row's top p, then a program per (row, probe); no scratch kept
+between calls.
 """
 from dataclasses import dataclass
 
@@ -319,9 +323,9 @@ def flash_batch_triton(h, W, cents, c2t_ext, n_probes, **tuning):
     n, D = h.shape
     C, B = cents.shape[0], c2t_ext.shape[1]
     check_flash_config(C, B, n_probes, c2t_ext.shape[0], FlashTuning())
-    R, NB, BK, block_d = (getattr(BatchTuning(**tuning), f) for f in ("R", "NB", "BK", "block_d"))
-    if min(R, NB) < 16 or R & (R - 1) or NB & (NB - 1):
-        raise ValueError(f"flash_batch_triton: R and NB must be powers of two >= 16 (tensor-core tiles), got {R}, {NB}")
+    t = BatchTuning(**tuning)
+    if min(t.R, t.NB) < 16 or t.R & (t.R - 1) or t.NB & (t.NB - 1):
+        raise ValueError(f"flash_batch_triton: R and NB must be powers of two >= 16 (tensor-core tiles), got {t.R}, {t.NB}")
     seg = min(SEGMENT, max(16, triton.next_power_of_2(C)))
     nseg, keep = triton.cdiv(C, seg), min(max(triton.next_power_of_2(n_probes), 16), seg)   # sorts of >= 16
     keys = torch.empty(n, C, dtype=torch.int64, device=h.device)
@@ -329,10 +333,10 @@ def flash_batch_triton(h, W, cents, c2t_ext, n_probes, **tuning):
     probes = torch.empty(n, n_probes, dtype=torch.int32, device=h.device)
     best = torch.full((n,), -2 ** 63, dtype=torch.int64, device=h.device)
     prec = "ieee" if h.dtype == torch.float32 else "tf32"     # fp32 inputs: no TF32 rounding
-    _batch_centroid_keys[(triton.cdiv(C, R),)](h, cents, keys, n, C, D, R, NB,
-                                               max(16, min(BK, triton.next_power_of_2(D))), prec, num_warps=4)
+    _batch_centroid_keys[(triton.cdiv(C, t.R),)](h, cents, keys, n, C, D, t.R, t.NB,
+                                                 max(16, min(t.BK, triton.next_power_of_2(D))), prec, num_warps=4)
     _batch_segment_top[(n, nseg)](keys, cand, C, seg, keep, TOPK, num_warps=8)
     _batch_probes[(n,)](cand, probes, nseg * keep, n_probes, triton.next_power_of_2(nseg * keep), num_warps=4)
     _flash_batch_tokens[(n, n_probes + 1)](h, W, c2t_ext, probes, best, C, n_probes, D, B, triton.next_power_of_2(B),
-                                            min(block_d, triton.next_power_of_2(D)), num_warps=4)
+                                            min(t.block_d, triton.next_power_of_2(D)), num_warps=4)
     return 0x7FFFFFFF - (best & 0x7FFFFFFF)                   # kernels._index: the best key's token
