@@ -273,27 +273,31 @@ def _batch_segment_top(keys_ptr, cand_ptr, C, SEG: tl.constexpr, KEEP: tl.conste
 
 
 @triton.jit
-def _batch_probes(cand_ptr, probes_ptr, M, P, MP: tl.constexpr):
-    """Batched launch 3. Program r sorts row r's M kept keys and stores its top P clusters, best first."""
+def _batch_probes(cand_ptr, probes_ptr, best_ptr, count_ptr, M, P, MP: tl.constexpr):
+    """Batched launch 3. Program r sorts row r's M kept keys and stores its top P clusters, best first; and sets
+    row r's best key and count of finished token programs for launch 4."""
     r = tl.program_id(0)
     m = tl.arange(0, MP)
     kept = tl.sort(tl.load(cand_ptr + r.to(tl.int64) * M + m, mask=m < M, other=_MIN64), descending=True)
     tl.store(probes_ptr + r * P + m, _index(kept), mask=m < P)
+    tl.store(best_ptr + r, _MIN64)
+    tl.store(count_ptr + r, 0)
 
 
 @triton.jit
-def _flash_batch_tokens(h_ptr, w_ptr, c2t_ptr, probes_ptr, best_ptr, C, P, D: tl.constexpr, B: tl.constexpr,
-                        BP: tl.constexpr, BLOCK_D: tl.constexpr):
+def _flash_batch_tokens(h_ptr, w_ptr, c2t_ptr, probes_ptr, best_ptr, count_ptr, out_ptr, C, P, D: tl.constexpr,
+                        B: tl.constexpr, BP: tl.constexpr, BLOCK_D: tl.constexpr):
     """Batched launch 4. Program (r, i) of (n, P + 1) scores the b tokens of row r's i-th probe (i = P: the special
-    tokens, row C of c2t; -1 = none) against hidden state r and folds their best key into best[r]. A cluster that
-    several rows probe is read from memory once and from L2 after that."""
+    tokens, row C of c2t; -1 = none) against hidden state r and folds their best key into best[r]; the row's last
+    program to finish writes its token. A cluster that several rows probe is read from memory once and from L2
+    after that."""
     r, i = tl.program_id(0), tl.program_id(1)
     cluster = tl.load(probes_ptr + r * P + i, mask=i < P, other=C)
     jb = tl.arange(0, BP)
     toks = tl.load(c2t_ptr + cluster.to(tl.int64) * B + jb, mask=jb < B, other=-1).to(tl.int32)
     ok = toks >= 0
     key = _key(_dot_rows(h_ptr + r.to(tl.int64) * D, w_ptr, toks, ok, BP, D, BLOCK_D), toks, ok)
-    tl.atomic_max(best_ptr + r, tl.max(key, axis=0), sem="relaxed")
+    _finish(key, best_ptr + r, count_ptr + r, out_ptr + r, P + 1)
 
 
 TOPK = hasattr(tl, "topk")      # Triton's partial sort (newer Triton); else a whole sort
@@ -314,29 +318,33 @@ class BatchTuning:
 
 
 def flash_batch_triton(h, W, cents, c2t_ext, n_probes, **tuning):
-    """h (n,d) -> tokens (n,) int64: FlashHead greedy for n hidden states at once, in four launches and no host
-    synchronisation (graph-capturable): every row's centroid keys (fp32 scores on the tensor cores, each centroid
-    tile read from memory once), the best p of each segment of SEGMENT centroids, each row's top p of those, then
-    n x (p + 1) programs that each score one probe's tokens. Ties as flash_greedy_triton's (probes: the smaller
-    cluster id; tokens: the smaller id). W (V,d), cents (c,d) and h contiguous, same dtype; c2t_ext as there;
-    tuning: BatchTuning's fields."""
+    """h (n,d) -> tokens (n,) int64: FlashHead greedy for n hidden states at once, in four launches (and nothing
+    else) with no host synchronisation (graph-capturable): every row's centroid keys (fp32 scores on the tensor cores,
+    each centroid tile read from memory once), the best p of each segment of SEGMENT centroids, each row's top p of
+    those, then n x (p + 1) programs that each score one probe's tokens, the row's last writing its token. Ties as
+    flash_greedy_triton's (probes: the smaller cluster id; tokens: the smaller id). W (V,d), cents (c,d) and h
+    contiguous, same dtype; c2t_ext as there; tuning: BatchTuning's fields."""
     n, D = h.shape
     C, B = cents.shape[0], c2t_ext.shape[1]
     check_flash_config(C, B, n_probes, c2t_ext.shape[0], FlashTuning())
     t = BatchTuning(**tuning)
     if min(t.R, t.NB) < 16 or t.R & (t.R - 1) or t.NB & (t.NB - 1):
-        raise ValueError(f"flash_batch_triton: R and NB must be powers of two >= 16 (tensor-core tiles), got {t.R}, {t.NB}")
+        raise ValueError(f"flash_batch_triton: R and NB must be powers of two >= 16 (tensor-core tiles), "
+                         f"got {t.R}, {t.NB}")
     seg = min(SEGMENT, max(16, triton.next_power_of_2(C)))
     nseg, keep = triton.cdiv(C, seg), min(max(triton.next_power_of_2(n_probes), 16), seg)   # sorts of >= 16
     keys = torch.empty(n, C, dtype=torch.int64, device=h.device)
     cand = torch.empty(n, nseg * keep, dtype=torch.int64, device=h.device)
     probes = torch.empty(n, n_probes, dtype=torch.int32, device=h.device)
-    best = torch.full((n,), -2 ** 63, dtype=torch.int64, device=h.device)
+    best, count = torch.empty(n, dtype=torch.int64, device=h.device), torch.empty(n, dtype=torch.int32, device=h.device)
+    out = torch.empty(n, dtype=torch.int64, device=h.device)
     prec = "ieee" if h.dtype == torch.float32 else "tf32"     # fp32 inputs: no TF32 rounding
     _batch_centroid_keys[(triton.cdiv(C, t.R),)](h, cents, keys, n, C, D, t.R, t.NB,
                                                  max(16, min(t.BK, triton.next_power_of_2(D))), prec, num_warps=4)
     _batch_segment_top[(n, nseg)](keys, cand, C, seg, keep, TOPK, num_warps=8)
-    _batch_probes[(n,)](cand, probes, nseg * keep, n_probes, triton.next_power_of_2(nseg * keep), num_warps=4)
-    _flash_batch_tokens[(n, n_probes + 1)](h, W, c2t_ext, probes, best, C, n_probes, D, B, triton.next_power_of_2(B),
-                                            min(t.block_d, triton.next_power_of_2(D)), num_warps=4)
-    return 0x7FFFFFFF - (best & 0x7FFFFFFF)                   # kernels._index: the best key's token
+    _batch_probes[(n,)](cand, probes, best, count, nseg * keep, n_probes, triton.next_power_of_2(nseg * keep),
+                        num_warps=4)
+    _flash_batch_tokens[(n, n_probes + 1)](h, W, c2t_ext, probes, best, count, out, C, n_probes, D, B,
+                                            triton.next_power_of_2(B), min(t.block_d, triton.next_power_of_2(D)),
+                                            num_warps=4)
+    return out
