@@ -302,10 +302,9 @@ def _flash_batch_tokens(h_ptr, w_ptr, c2t_ptr, probes_ptr, best_ptr, count_ptr, 
 
 TOPK = hasattr(tl, "topk")      # Triton's partial sort (newer Triton); else a whole sort
 SEGMENT = 1024 if TOPK else 512  # centroids a batched segment program keeps the best p of
-# One H200, h100 shapes (c = 9,496, p = 16), graphed p50 at 1 / 8 / 64 rows (devtmp/batch_variants.py; three small
-# torch ops still followed the launches):
-# segments of 1,024 with topk 28.2 / 28.6 / 64.7 us, of 512 28.1 / 29.2 / 63.3, of 256 34.3 / 36.0 / 71.5; a whole
-# sort 33.3 / 33.6 / 87.0 (1,024) and 28.4 / 30.2 / 72.2 (512); R = 16 centroids a program 2-10 % slower than 32.
+# One H200, c = 9,496, p = 16, graphed p50 at 1 / 8 / 64 rows (devtmp/batch_variants.py, three torch ops after the
+# launches then): segments of 1,024 with topk 28.2 / 28.6 / 64.7 us, of 512 28.1 / 29.2 / 63.3, of 256 34.3 / 36.0 /
+# 71.5; a whole sort 33.3 / 33.6 / 87.0 (1,024), 28.4 / 30.2 / 72.2 (512); R = 16 centroids a program 2-10 % slower.
 
 
 @dataclass(frozen=True)
