@@ -210,10 +210,9 @@ def checked(fn, probe: torch.Tensor, want: torch.Tensor) -> tuple:
     return fn, ""
 
 
-def flash_triton(head: FlashHead) -> tuple:
-    """The Triton FlashHead for one hidden state and the reason it cannot be used: (fn, "") when Triton imports,
-    the special tokens fit one cluster row and the kernel picks exact_fp32's token on probe hidden states;
-    (None, reason) otherwise."""
+def flash_call(head: FlashHead, kernel: str) -> tuple:
+    """(fn, "") where fn calls flash_kernels.<kernel> on the head's tensors (hidden states -> tokens), or (None,
+    reason) when Triton is not importable or the special tokens do not fit one cluster row (the kernels' cluster c)."""
     try:
         _, F = triton_kernels()
     except ImportError as e:
@@ -221,26 +220,28 @@ def flash_triton(head: FlashHead) -> tuple:
     b = head.c2t.shape[1]
     if head.special.numel() > b:                                               # one row holds the special tokens
         return None, f"its {head.special.numel()} special tokens do not fit one cluster row ({b} tokens)"
-    c2t_ext = extended_c2t(head)
+    run, c2t_ext = getattr(F, kernel), extended_c2t(head)
     W, cents, p = head.weight.contiguous(), head.centroids.contiguous(), head.n_probes
-    fn = lambda h: on_device(W, F.flash_greedy_triton, h.contiguous(), W, cents, c2t_ext, p)
-    probe = probe_states(W)
+    return (lambda h: on_device(W, run, h.contiguous(), W, cents, c2t_ext, p)), ""
+
+
+def flash_triton(head: FlashHead) -> tuple:
+    """The Triton FlashHead for one hidden state and the reason it cannot be used: (fn, "") when flash_call can
+    make it and the kernel picks exact_fp32's token on probe hidden states; (None, reason) otherwise."""
+    fn, reason = flash_call(head, "flash_greedy_triton")
+    if fn is None:
+        return None, reason
+    probe = probe_states(head.weight)
     return checked(fn, probe, exact_fp32(head, probe))
 
 
 def flash_batch(head: FlashHead) -> tuple:
     """The batched Triton FlashHead (flash_kernels.flash_batch_triton) and the reason it cannot be used, as
     flash_triton: checked against exact_fp32 on a batch of probe hidden states."""
-    try:
-        _, F = triton_kernels()
-    except ImportError as e:
-        return None, f"Triton is not importable ({one_line(e)})"
-    if head.special.numel() > head.c2t.shape[1]:
-        return None, f"its {head.special.numel()} special tokens do not fit one cluster row ({head.c2t.shape[1]} tokens)"
-    c2t_ext = extended_c2t(head)
-    W, cents, p = head.weight.contiguous(), head.centroids.contiguous(), head.n_probes
-    fn = lambda h: on_device(W, F.flash_batch_triton, h.contiguous(), W, cents, c2t_ext, p)
-    probe = probe_states(W, 16)
+    fn, reason = flash_call(head, "flash_batch_triton")
+    if fn is None:
+        return None, reason
+    probe = probe_states(head.weight, 16)
     try:
         got = fn(probe)
     except Exception as e:                                                      # noqa: BLE001 - reported as the reason
