@@ -51,3 +51,6 @@ def test_the_table_and_figure_show_every_batch_size(study):
     table = microbench.head_batch_table(data)
     assert list(table.index) == [1, 4, 16] and table.loc[1, "union share"] == data["rows"][0]["union_share"]
     assert len(microbench.head_batch_plot(data).axes) == 2
+    labels = lambda d: [line.get_label() for line in microbench.head_batch_plot(d).axes[1].get_lines()]
+    assert data["flash_path"] == "torch" and "FlashHead (union GEMM)" in labels(data)          # a CPU
+    assert "FlashHead (batched Triton kernel)" in labels({**data, "flash_path": "triton"})

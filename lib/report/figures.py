@@ -161,7 +161,8 @@ def head_batch_plot(batches: dict):
     a.legend(fontsize=8)
     dense, flash = (t[k].map(lambda s: s["mean_ms"]) for k in ("dense", "flash"))
     b.plot(t.index, dense, "o-", color="0.3", label="dense head")
-    b.plot(t.index, flash, "o-", color="C1", label="FlashHead (union GEMM)")
+    path = {"triton": "batched Triton kernel", "torch": "union GEMM"}[batches.get("flash_path", "torch")]
+    b.plot(t.index, flash, "o-", color="C1", label=f"FlashHead ({path})")
     b.plot(t.index, dense / t["bytes_ratio"], ":", color="C1", label="FlashHead at dense's bytes/s (bound)")
     b.set(xscale="log", yscale="log", xlabel="batch size B", ylabel="ms per call (mean)",
           title=f"batched heads, {batches['device']}")
