@@ -96,6 +96,7 @@ class Clustering:
     iterations: int = 10              # spherical k-means iterations
     candidates: int = 32              # nearest centroids considered per token in the balanced assignment
     top_k: int = 5                    # top-k containment
+    size_sweep: list[int] = field(default_factory=list)   # notebook 01's cluster-size study (tokens a cluster); [] = none
     compare_shipped: bool = False     # thesis profile: compare with the checkpoint's own clustering
     adaptive: AdaptiveProbes = field(default_factory=AdaptiveProbes)
 

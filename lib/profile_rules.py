@@ -82,6 +82,7 @@ def clustering(p, need) -> None:
          f"clustering.n_probes ({c.n_probes}) must be in 1..n_clusters ({c.n_clusters})")
     need(all(0 < q <= c.n_clusters for q in c.probe_sweep), "clustering.probe_sweep values must be in 1..n_clusters")
     need(c.iterations >= 1, "clustering.iterations must be >= 1")
+    need(all(b >= 1 for b in c.size_sweep), f"clustering.size_sweep must be cluster sizes >= 1, got {c.size_sweep}")
 
 
 def decode(p, need) -> None:

@@ -171,6 +171,26 @@ def head_batch_plot(batches: dict):
     return fig
 
 
+def cluster_size_plot(sizes: dict):
+    """Notebook 01's cluster-size study (cluster_sizes.json): against the share of the dense head's bytes each
+    setting reads, how often FlashHead picks the dense head's token (left) and the target's (right), one line per
+    cluster size (points: probe counts); the dense head's own agreement with the target dashed."""
+    t = pd.DataFrame(sizes["rows"])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2), sharex=True)
+    for i, (b, g) in enumerate(t.groupby("cluster_size")):
+        for ax, col in zip(axes, ("agree_dense", "agree_target")):
+            ax.plot(g["read_fraction"], g[col], "o-", color=f"C{i}", label=f"{b} tokens a cluster")
+    axes[1].axhline(sizes["dense"]["agree_target"], color="0.3", ls="--", label="dense head")
+    what = "synthetic states" if sizes["synthetic"] else f"{sizes['n_states']} real trajectory states"
+    axes[0].set(ylabel="FlashHead = dense head", title=f"top-1 containment ({what})")
+    axes[1].set(ylabel="FlashHead = target", title="agreement with the target's greedy token")
+    for ax in axes:
+        ax.set(xscale="log", xlabel="share of the dense head's bytes read")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def head_effect_plot(micro: dict, ratios: pd.DataFrame, run: str = ""):
     """Notebook 04: FlashHead against the dense head. Left: the draft's time per token in a round's proposal block
     (p50), the body and what the head adds to it, each draft's floor marked; right: the FlashHead draft's decode

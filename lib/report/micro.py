@@ -1,5 +1,6 @@
 """Notebook 02's tables of microbench.json and step_breakdown.json beyond the thesis's (those: thesis.py
-micro_tables): each measured call against its hardware floor, and a draft step's kernels by kind."""
+micro_tables): each measured call against its hardware floor, a draft step's kernels by kind, the batched heads;
+and notebook 01's cluster-size study (cluster_sizes.json)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -125,3 +126,23 @@ def head_batch_table(batches: dict) -> pd.DataFrame:
                           "bytes dense / FlashHead": r["bytes_ratio"],
                           **({"dense floor ms": r["dense_floor_ms"], "FlashHead floor ms": r["flash_floor_ms"]}
                              if "dense_floor_ms" in r else {})} for r in batches["rows"]]).set_index("batch")
+
+
+def cluster_size_table(sizes: dict) -> pd.DataFrame:
+    """cluster_sizes.json by (cluster size, probes): tokens scored, the share of the dense head's bytes read
+    (centroids, probed clusters' rows, special tokens), how often FlashHead picks the dense head's token and the
+    target's greedy token, and its time for one hidden state (mean, p50)."""
+    return pd.DataFrame([{"cluster size": r["cluster_size"], "clusters": r["n_clusters"], "probes": r["n_probes"],
+                          "tokens scored": r["scored_tokens"], "share of dense bytes": r["read_fraction"],
+                          "= dense head": r["agree_dense"], "= target": r["agree_target"],
+                          "mean ms": r["time"]["mean_ms"], "p50 ms": r["time"]["p50_ms"]}
+                         for r in sizes["rows"]]).set_index(["cluster size", "probes"])
+
+
+def least_read_table(sizes: dict) -> pd.DataFrame:
+    """The least share of the dense head's bytes at which each cluster size meets each criterion of
+    cluster_sizes.json's summary (containment levels; agreement with the target near the dense head's); blank
+    where no setting of the sweep does."""
+    t = pd.DataFrame(sizes["least_read"])
+    return t.pivot(index="cluster_size", columns="criterion", values="read_fraction")[t.criterion.unique()].rename_axis(
+        index="cluster size", columns="least share of dense bytes for")

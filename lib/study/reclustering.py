@@ -14,6 +14,9 @@ from .common import encoded_prompts, greedy_trajectories, hidden_states
 # What notebook 01 shows, reached through its one import of this module.
 from ..models.flash_checkpoint import read_flash_checkpoint  # noqa: F401
 from .common import setup  # noqa: F401
+from .cluster_sizes import cluster_size_study  # noqa: F401
+from ..report.figures import cluster_size_plot  # noqa: F401
+from ..report.micro import cluster_size_table, least_read_table  # noqa: F401
 
 
 def containment_sweep(H: torch.Tensor, W: torch.Tensor, cents: torch.Tensor, assign: torch.Tensor, c) -> list[dict]:
