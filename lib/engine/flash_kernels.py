@@ -232,18 +232,15 @@ def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, **tuning):
     return out
 
 
-
-
-
 @triton.jit
 def _batch_centroid_keys(h_ptr, c_ptr, keys_ptr, n, C, D: tl.constexpr, R: tl.constexpr, NB: tl.constexpr,
                          BK: tl.constexpr, PREC: tl.constexpr):
-    """Batched launch 1. Program g scores centroids g*R..g*R+R-1 against the n rows, NB rows a tensor-core dot
-    (fp32 sums), and writes each row's keys of them (kernels._key) to keys (n, C). Its centroids come from memory
-    once, then from L2 for the next block of rows."""
+    """Batched launch 1. Program (g, j) scores centroids g*R..g*R+R-1 against blocks j, j + J, ... of NB rows (J
+    programs along the rows), a tensor-core dot a block (fp32 sums), and writes each row's keys of them
+    (kernels._key) to keys (n, C). A centroid tile comes from memory once, then from L2."""
     cents = tl.program_id(0) * R + tl.arange(0, R)
     ok, k = cents < C, tl.arange(0, BK)
-    for r0 in range(0, n, NB):
+    for r0 in range(tl.program_id(1) * NB, n, NB * tl.num_programs(1)):
         rows = r0 + tl.arange(0, NB)
         acc = tl.zeros((R, NB), dtype=tl.float32)
         for d0 in range(0, D, BK):
@@ -310,9 +307,11 @@ SEGMENT = 1024 if TOPK else 512  # centroids a batched segment program keeps the
 @dataclass(frozen=True)
 class BatchTuning:
     """The batched launches' settings: R centroids a program and NB rows a tensor-core dot (powers of two >= 16),
-    BK the dot's depth tile; block_d the token scoring's tile."""
+    row_programs programs along the rows (0: one a block of NB), BK the dot's depth tile; block_d the token scoring's
+    tile."""
     R: int = 32
     NB: int = 16
+    row_programs: int = 1
     BK: int = 256
     block_d: int = 1024
 
@@ -339,8 +338,9 @@ def flash_batch_triton(h, W, cents, c2t_ext, n_probes, **tuning):
     best, count = torch.empty(n, dtype=torch.int64, device=h.device), torch.empty(n, dtype=torch.int32, device=h.device)
     out = torch.empty(n, dtype=torch.int64, device=h.device)
     prec = "ieee" if h.dtype == torch.float32 else "tf32"     # fp32 inputs: no TF32 rounding
-    _batch_centroid_keys[(triton.cdiv(C, t.R),)](h, cents, keys, n, C, D, t.R, t.NB,
-                                                 max(16, min(t.BK, triton.next_power_of_2(D))), prec, num_warps=4)
+    grid = (triton.cdiv(C, t.R), t.row_programs or triton.cdiv(n, t.NB))
+    _batch_centroid_keys[grid](h, cents, keys, n, C, D, t.R, t.NB, max(16, min(t.BK, triton.next_power_of_2(D))), prec,
+                               num_warps=4)
     _batch_segment_top[(n, nseg)](keys, cand, C, seg, keep, TOPK, num_warps=8)
     _batch_probes[(n,)](cand, probes, best, count, nseg * keep, n_probes, triton.next_power_of_2(nseg * keep),
                         num_warps=4)
