@@ -51,15 +51,15 @@ def test_batched_flash_is_each_rows_choice_with_ties(seed, monkeypatch):
         F.flash_batch_triton(h, W, cents, c2t_ext, 2, R=8)
 
 
-def test_batched_flash_rows_split_over_programs():
-    """The centroid keys' row blocks walked by one program, by two, or one program a block (row_programs 0):
-    every row of a batch of 40 (three blocks of 16, the last short) picks flash_ref's token."""
+def test_batched_flash_rows_in_blocks_of_any_size():
+    """The centroid keys NB rows a dot: 16 (three blocks for 40 rows, the last short), 32, and the default (one
+    block of 64, 24 of its rows past the batch): every row picks flash_ref's token."""
     g, W, cents, c2t_ext = problem(4)
     h = ints(g, 40, W.shape[1])
     want = [flash_ref(h[r:r + 1], W, cents, c2t_ext, 5).item() for r in range(40)]
-    for rows in (1, 2, 0):
-        got = F.flash_batch_triton(h, W, cents, c2t_ext, 5, R=16, block_d=16, row_programs=rows)
-        assert got.tolist() == want, rows
+    for nb in (16, 32, 0):
+        got = F.flash_batch_triton(h, W, cents, c2t_ext, 5, R=16, block_d=16, NB=nb)
+        assert got.tolist() == want, nb
 
 
 def test_flash_all_scores_equal():

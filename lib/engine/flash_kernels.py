@@ -235,12 +235,12 @@ def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, **tuning):
 @triton.jit
 def _batch_centroid_keys(h_ptr, c_ptr, keys_ptr, n, C, D: tl.constexpr, R: tl.constexpr, NB: tl.constexpr,
                          BK: tl.constexpr, PREC: tl.constexpr):
-    """Batched launch 1. Program (g, j) scores centroids g*R..g*R+R-1 against blocks j, j + J, ... of NB rows (J
-    programs along the rows), a tensor-core dot a block (fp32 sums), and writes each row's keys of them
-    (kernels._key) to keys (n, C). A centroid tile comes from memory once, then from L2."""
+    """Batched launch 1. Program g scores centroids g*R..g*R+R-1 against the n rows, NB rows a tensor-core dot
+    (fp32 sums), and writes each row's keys of them (kernels._key) to keys (n, C). Its centroids come from memory
+    once, then from L2 for the next block of rows."""
     cents = tl.program_id(0) * R + tl.arange(0, R)
     ok, k = cents < C, tl.arange(0, BK)
-    for r0 in range(tl.program_id(1) * NB, n, NB * tl.num_programs(1)):
+    for r0 in range(0, n, NB):
         rows = r0 + tl.arange(0, NB)
         acc = tl.zeros((R, NB), dtype=tl.float32)
         for d0 in range(0, D, BK):
@@ -302,16 +302,16 @@ SEGMENT = 1024 if TOPK else 512  # centroids a batched segment program keeps the
 # One H200, c = 9,496, p = 16, graphed p50 at 1 / 8 / 64 rows (devtmp/batch_variants.py, three torch ops after the
 # launches then): segments of 1,024 with topk 28.2 / 28.6 / 64.7 us, of 512 28.1 / 29.2 / 63.3, of 256 34.3 / 36.0 /
 # 71.5; a whole sort 33.3 / 33.6 / 87.0 (1,024), 28.4 / 30.2 / 72.2 (512); R = 16 centroids a program 2-10 % slower.
+# NB rows a dot (devtmp/keys_variants.py, 2026-11-28): NB 16 / 32 / 64 at 32 rows 41.0 / 34.2 / 39.0 us, at 64 rows
+# 62.6 / 53.2 / 51.6 (the keys 22.0 -> 12.7 us); up to 16 rows NB 16 (64: +7 us). Hence NB's default, 0.
 
 
 @dataclass(frozen=True)
 class BatchTuning:
-    """The batched launches' settings: R centroids a program and NB rows a tensor-core dot (powers of two >= 16),
-    row_programs programs along the rows (0: one a block of NB), BK the dot's depth tile; block_d the token scoring's
-    tile."""
+    """The batched launches' settings: R centroids a program and NB rows a tensor-core dot (powers of two >= 16;
+    NB 0: the batch's rows rounded up to one, 16 to 64), BK the dot's depth tile; block_d the token scoring's tile."""
     R: int = 32
-    NB: int = 16
-    row_programs: int = 1
+    NB: int = 0
     BK: int = 256
     block_d: int = 1024
 
@@ -327,9 +327,9 @@ def flash_batch_triton(h, W, cents, c2t_ext, n_probes, **tuning):
     C, B = cents.shape[0], c2t_ext.shape[1]
     check_flash_config(C, B, n_probes, c2t_ext.shape[0], FlashTuning())
     t = BatchTuning(**tuning)
-    if min(t.R, t.NB) < 16 or t.R & (t.R - 1) or t.NB & (t.NB - 1):
-        raise ValueError(f"flash_batch_triton: R and NB must be powers of two >= 16 (tensor-core tiles), "
-                         f"got {t.R}, {t.NB}")
+    nb = t.NB or min(64, max(16, triton.next_power_of_2(n)))
+    if min(t.R, nb) < 16 or t.R & (t.R - 1) or nb & (nb - 1):
+        raise ValueError(f"flash_batch_triton: R and NB must be powers of two >= 16 (tensor-core tiles), got {t.R}, {nb}")
     seg = min(SEGMENT, max(16, triton.next_power_of_2(C)))
     nseg, keep = triton.cdiv(C, seg), min(max(triton.next_power_of_2(n_probes), 16), seg)   # sorts of >= 16
     keys = torch.empty(n, C, dtype=torch.int64, device=h.device)
@@ -338,9 +338,8 @@ def flash_batch_triton(h, W, cents, c2t_ext, n_probes, **tuning):
     best, count = torch.empty(n, dtype=torch.int64, device=h.device), torch.empty(n, dtype=torch.int32, device=h.device)
     out = torch.empty(n, dtype=torch.int64, device=h.device)
     prec = "ieee" if h.dtype == torch.float32 else "tf32"     # fp32 inputs: no TF32 rounding
-    grid = (triton.cdiv(C, t.R), t.row_programs or triton.cdiv(n, t.NB))
-    _batch_centroid_keys[grid](h, cents, keys, n, C, D, t.R, t.NB, max(16, min(t.BK, triton.next_power_of_2(D))), prec,
-                               num_warps=4)
+    _batch_centroid_keys[(triton.cdiv(C, t.R),)](h, cents, keys, n, C, D, t.R, nb,
+                                                 max(16, min(t.BK, triton.next_power_of_2(D))), prec, num_warps=4)
     _batch_segment_top[(n, nseg)](keys, cand, C, seg, keep, TOPK, num_warps=8)
     _batch_probes[(n,)](cand, probes, best, count, nseg * keep, n_probes, triton.next_power_of_2(nseg * keep),
                         num_warps=4)
