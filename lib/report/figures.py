@@ -184,8 +184,12 @@ def cluster_size_plot(sizes: dict):
     what = "synthetic states" if sizes["synthetic"] else f"{sizes['n_states']} real trajectory states"
     axes[0].set(ylabel="FlashHead = dense head", title=f"top-1 containment ({what})")
     axes[1].set(ylabel="FlashHead = target", title="agreement with the target's greedy token")
+    lo, hi = t.read_fraction.min() / 1.5, t.read_fraction.max() * 1.5
+    ticks = [x for x in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1) if lo <= x <= hi]
     for ax in axes:
         ax.set(xscale="log", xlabel="share of the dense head's bytes read")
+        ax.set_xticks(ticks, [f"{x:.0%}" for x in ticks])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     return fig

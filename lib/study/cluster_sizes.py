@@ -9,7 +9,8 @@ p*b token rows (plus the special tokens): small clusters pay in centroids, large
 setting: how often FlashHead picks the dense head's token (top-1 containment, ties aside) and how often it picks
 the target's greedy token at that position (the first draft token's acceptance, the quantity speculative decoding
 pays for), the share of the dense head's bytes it reads, and its time for one hidden state on the draft's device.
-Writes cluster_sizes.json."""
+Every size is this study's own clustering, the profile's size too (where the profile reads a shipped FlashHead
+checkpoint, notebook 01 compares that one with ours). Writes cluster_sizes.json."""
 from __future__ import annotations
 
 import time
