@@ -92,7 +92,8 @@ def setting_row(profile: Profile, fh: FlashHead, H: torch.Tensor, dense_tokens: 
                 target_tokens: torch.Tensor) -> dict:
     """One (cluster size, probe count): agreement with the dense head and with the target, bytes, time."""
     n, b = fh.c2t.shape
-    chosen = fh.reference(H)
+    step = max(1, (1 << 26) // (fh.n_probes * b * H.shape[1]))                # states a chunk: <= 64M gathered weights
+    chosen = torch.cat([fh.reference(H[i:i + step]) for i in range(0, H.shape[0], step)])
     read = n + fh.n_probes * b + fh.special.numel()                         # rows of d read: centroids, tokens
     return {"cluster_size": b, "n_clusters": n, "n_probes": fh.n_probes, "scored_tokens": fh.n_probes * b,
             "read_fraction": read / fh.weight.shape[0], "agree_dense": rate(chosen, dense_tokens),
