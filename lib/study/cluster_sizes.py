@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from .. import bench
+from .. import bench, prompts as prompt_lib
 from ..config import Profile
 from ..engine.heads import DenseHead, FlashHead
 from ..models import checkpoints, clustering as cl
@@ -39,7 +39,8 @@ def cluster_size_study(profile: Profile, progress: bool = True) -> dict:
     V = W.shape[0]
     if bad := [b for b in c.size_sweep if b < 1 or V % b]:
         raise ConfigError(f"clustering.size_sweep: {bad} do not divide the vocabulary ({V} tokens)")
-    seqs, starts = greedy_trajectories(profile, draft, encoded_prompts(profile, tok))
+    enc = encoded_prompts(profile, tok)
+    seqs, starts = greedy_trajectories(profile, draft, enc)
     H = hidden_states(draft, seqs, profile.models.exit_layer, starts).to(W.dtype)
     dense_tokens, target_tokens = (H @ W.T).argmax(-1), target_choices(profile, seqs, starts)
     specials, b0 = special_token_ids(tok), V // c.n_clusters
@@ -56,6 +57,7 @@ def cluster_size_study(profile: Profile, progress: bool = True) -> dict:
     result = {"device": bench.device_name(W.device), "synthetic": profile.models.source == "synthetic",
               "vocab": V, "hidden": int(W.shape[1]), "dtype": str(W.dtype).removeprefix("torch."),
               "graphed": W.is_cuda and profile.bench.cuda_graphs, "n_states": int(H.shape[0]),
+              "prompts": f"{len(enc)} prompts, {prompt_lib.profile_prompt_file(profile.prompts.file)[1]}",
               "n_special": len(specials), "profile_cluster_size": b0,
               "scored_tokens": budgets, "sizes": sizes, "rows": rows,
               "dense": {"agree_target": dense_target, "time": head_time(profile, dense, H)},
