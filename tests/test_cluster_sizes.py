@@ -31,6 +31,7 @@ def test_every_size_is_clustered_equally_and_scores_the_same_token_budgets(study
     p, data = study
     assert [s["cluster_size"] for s in data["sizes"]] == SIZES and all(s["equal_sizes"] for s in data["sizes"])
     assert data["scored_tokens"] == [16, 64, 256, 4096] and (p.out_dir / "cluster_sizes.json").exists()
+    assert data["prompts"].endswith("prompts, built-in prompt set")                # the run names its prompts
     for r in data["rows"]:
         assert r["scored_tokens"] == r["n_probes"] * r["cluster_size"] and r["scored_tokens"] in data["scored_tokens"]
         assert r["n_clusters"] * r["cluster_size"] == data["vocab"] and 1 <= r["n_probes"] <= r["n_clusters"]
