@@ -154,16 +154,19 @@ def load_flash_head(profile: Profile, W: torch.Tensor, n_probes: int | None = No
                      cfg["flash_head_special_token_ids"], kernel=profile.bench.head_kernel)
 
 
-def equal_size_clusters(profile: Profile, x: torch.Tensor, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Equal-size spherical k-means of the embeddings x (V,d), fp32: (assignments, unit centroids, seconds of k-means)."""
+def equal_size_clusters(profile: Profile, x: torch.Tensor, progress: bool = False,
+                        n_clusters: int | None = None) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Equal-size spherical k-means of the embeddings x (V,d), fp32, into n_clusters (default: the profile's):
+    (assignments, unit centroids, seconds of k-means)."""
     c = profile.clustering
+    n = n_clusters or c.n_clusters
     bench.sync(x.device)
     t = time.perf_counter()
     with bench.all_cores(x.device):
-        assign = cl.spherical_kmeans(x, c.n_clusters, c.iterations, profile.seed, True, c.candidates, progress)
+        assign = cl.spherical_kmeans(x, n, c.iterations, profile.seed, True, c.candidates, progress)
     bench.sync(x.device)
     seconds = time.perf_counter() - t
-    return assign, cl.centroids_of(cl.unit(x), assign, c.n_clusters), seconds
+    return assign, cl.centroids_of(cl.unit(x), assign, n), seconds
 
 
 def write_flash_checkpoint(profile: Profile, tok, assign: torch.Tensor, cents: torch.Tensor) -> Path:

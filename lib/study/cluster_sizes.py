@@ -13,15 +13,13 @@ Every size is this study's own clustering, the profile's size too (where the pro
 checkpoint, notebook 01 compares that one with ours). Writes cluster_sizes.json."""
 from __future__ import annotations
 
-import time
-
 import torch
 
 from .. import bench, prompts as prompt_lib
 from ..config import Profile
 from ..engine.heads import DenseHead, FlashHead
 from ..models import checkpoints, clustering as cl
-from ..models.flash_checkpoint import special_token_ids
+from ..models.flash_checkpoint import equal_size_clusters, special_token_ids
 from ..profile_rules import ConfigError
 from ..progress import steps
 from ..results import save_json
@@ -77,17 +75,12 @@ def target_choices(profile: Profile, seqs: list[list[int]], starts: list[int]) -
 def clustered(profile: Profile, W: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """W's rows in clusters of b tokens by the profile's seeded equal-size k-means: (unit centroids (c,d),
     assignments (V,), a record of the clustering)."""
-    c, x, n = profile.clustering, W.float(), W.shape[0] // b
-    bench.sync(x.device)
-    t = time.perf_counter()
-    with bench.all_cores(x.device):
-        assign = cl.spherical_kmeans(x, n, c.iterations, profile.seed, True, c.candidates, progress=False)
-    bench.sync(x.device)
-    seconds = time.perf_counter() - t
+    x, n = W.float(), W.shape[0] // b
+    assign, cents, seconds = equal_size_clusters(profile, x, n_clusters=n)
     sizes = torch.bincount(assign, minlength=n)
     info = {"cluster_size": b, "n_clusters": n, "equal_sizes": bool((sizes == b).all()),
             "mean_cosine": cl.objective(x, assign, n), "seconds": seconds}
-    return cl.centroids_of(cl.unit(x), assign, n), assign, info
+    return cents, assign, info
 
 
 def setting_row(profile: Profile, fh: FlashHead, H: torch.Tensor, dense_tokens: torch.Tensor,
