@@ -23,7 +23,7 @@ from ..models.flash_checkpoint import equal_size_clusters, special_token_ids
 from ..profile_rules import ConfigError
 from ..progress import steps
 from ..results import save_json
-from .common import encoded_prompts, greedy_trajectories, hidden_states
+from .common import encoded_prompts, hidden_states, trajectories_and_states
 
 LEVELS = (0.90, 0.95)          # containment levels the summary gives each cluster size's least bytes for
 TARGET_SLACK = 0.01            # ... and agreement with the target within this of the dense head's
@@ -38,8 +38,8 @@ def cluster_size_study(profile: Profile, progress: bool = True) -> dict:
     if bad := [b for b in c.size_sweep if b < 1 or V % b]:
         raise ConfigError(f"clustering.size_sweep: {bad} do not divide the vocabulary ({V} tokens)")
     enc = encoded_prompts(profile, tok)
-    seqs, starts = greedy_trajectories(profile, draft, enc)
-    H = hidden_states(draft, seqs, profile.models.exit_layer, starts).to(W.dtype)
+    seqs, starts, H = trajectories_and_states(profile, draft, enc)
+    H = H.to(W.dtype)
     dense_tokens, target_tokens = (H @ W.T).argmax(-1), target_choices(profile, seqs, starts)
     specials, b0 = special_token_ids(tok), V // c.n_clusters
     budgets = sorted({p * b0 for p in c.probe_sweep})                       # tokens scored a step, equal across b

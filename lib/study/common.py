@@ -75,12 +75,17 @@ def greedy_trajectories(profile: Profile, model, enc: list) -> tuple[list[list[i
     return seqs, [len(ids) - 1 for _, ids in enc]
 
 
+def trajectories_and_states(profile: Profile, draft, enc: list) -> tuple[list[list[int]], list[int], torch.Tensor]:
+    """greedy_trajectories of the prompts `enc` and the draft's hidden states along them at its own depth (the
+    positions a draft is asked about): (seqs, starts, states)."""
+    seqs, starts = greedy_trajectories(profile, draft, enc)
+    return seqs, starts, hidden_states(draft, seqs, profile.models.exit_layer, starts)
+
+
 def trajectory_states(profile: Profile, fh) -> tuple[torch.Tensor, torch.Tensor]:
-    """The draft's hidden states along the greedy trajectories of the profile's prompts (the positions a draft
-    is asked about, at its own depth) and the dense head's choice at each."""
-    draft = checkpoints.load_draft(profile)
-    seqs, starts = greedy_trajectories(profile, draft, encoded_prompts(profile))
-    H = hidden_states(draft, seqs, profile.models.exit_layer, starts).to(fh.weight)
+    """The draft's hidden states along the greedy trajectories of the profile's prompts (trajectories_and_states)
+    and the dense head's choice at each."""
+    H = trajectories_and_states(profile, checkpoints.load_draft(profile), encoded_prompts(profile))[2].to(fh.weight)
     return H, (H @ fh.weight.T).argmax(-1)
 
 

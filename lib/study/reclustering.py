@@ -9,7 +9,7 @@ from ..config import Profile
 from ..models import checkpoints, clustering as cl, flash_checkpoint
 from ..models.flash_checkpoint import equal_size_clusters, write_flash_checkpoint
 from ..results import save_json
-from .common import encoded_prompts, greedy_trajectories, hidden_states
+from .common import encoded_prompts, hidden_states, trajectories_and_states
 
 # What notebook 01 shows, reached through its one import of this module.
 from ..models.flash_checkpoint import read_flash_checkpoint  # noqa: F401
@@ -41,8 +41,7 @@ def recluster(profile: Profile, progress: bool = True) -> dict:
     enc = encoded_prompts(profile, tok)
     depth = profile.models.exit_layer                                        # early-exit drafts: their own depth
     H = hidden_states(draft, [ids for _, ids in enc], depth).to(W.dtype)
-    seqs, starts = greedy_trajectories(profile, draft, enc)
-    H_traj = hidden_states(draft, seqs, depth, starts).to(W.dtype)
+    H_traj = trajectories_and_states(profile, draft, enc)[2].to(W.dtype)
     result = {
         "n_tokens": int(W.shape[0]), "hidden_size": int(W.shape[1]), "n_clusters": c.n_clusters,
         "cluster_size": int(W.shape[0] // c.n_clusters), "equal_sizes": bool((sizes == sizes[0]).all()),
