@@ -154,6 +154,7 @@ class Bench:
     head_kernel: str = "triton"       # both heads on CUDA: the "triton" kernels (lib/engine/kernels.py) or "torch" ops; CPUs: torch
     verify_lengths: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8])
     head_batches: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])   # notebook 02's batch study
+    context_lengths: list[int] = field(default_factory=list)   # positions notebook 03's context study times a round's calls at
 
 
 @dataclass(frozen=True)

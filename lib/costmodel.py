@@ -216,3 +216,29 @@ def head_ratios(check: pd.DataFrame) -> pd.DataFrame:
                 rows[schedule].update({"rounds: measured flash/dense": ratio("rounds tok/s"),
                                        "rounds: model flash/dense": ratio("model rounds tok/s")})
     return pd.DataFrame(rows).T
+
+
+def context_projection(ctx: dict, agg: pd.DataFrame) -> pd.DataFrame:
+    """PROJECTED decode tok/s at each position of notebook 03's context study (context.json): the cost model fed
+    with the calls measured there (T_q: each draft's proposal block a token; T_p(1), T_p(K), T_p(K+1)) and the
+    end-to-end run's mean emitted per round of each draft and schedule (agg), as if the run's acceptance held at
+    that context; each round charged an append (long generations) and the expected skip share. Beside them the
+    measured draft-step ratio. Projections, not measurements."""
+    k, rows = ctx["k"], []
+    for r in ctx["rows"]:
+        tp = {n: r["target"][name]["mean_ms"] for name, n in {"1": 1, "K": k, "K+1": k + 1}.items()}
+        row = {"position": r["position"], "baseline tok/s": 1000 / tp[1],
+               "draft step dense/flash (measured)": r["draft_step_ratio"]}
+        for schedule in (ORDINARY, DEFERRED):
+            tok = {}
+            for draft in (modes.DENSE, modes.FLASH):
+                mode = modes.name(draft, schedule)
+                if mode in agg.index:
+                    em = float(agg.loc[mode, "mean_emitted"])
+                    costs = {"T_p": tp, "T_q": r["draft"][draft]["per_token_ms"]}
+                    skip = skip_share(per_token_acceptance(em, k), schedule)
+                    tok[draft] = row[f"{mode} tok/s"] = 1000 / tpot_ms(costs, k, em, schedule, skip)
+            if len(tok) == 2:
+                row[f"{schedule}: flash/dense"] = tok[modes.FLASH] / tok[modes.DENSE]
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("position")

@@ -77,7 +77,9 @@ ENGINE_BASELINE = "engine_baseline"
 
 
 
-# Notebook 03's side studies after the end-to-end run, each on the first prompts.side_prompts prompts.
+# Notebook 03's side studies after the end-to-end run, each on the first prompts.side_prompts prompts (the context
+# study on no prompt: it times a round's calls at bench.context_lengths).
 SIDE_STUDIES = {"sampling": "exact speculative sampling (sampling.json)", "adaptive": "adaptive drafts (adaptive.json)",
                 "peers": "Hugging Face generate() peers (peers.json)",
-                "invariance": "batch-invariant target calls on and off: step times, exact match (invariance.json)"}
+                "invariance": "batch-invariant target calls on and off: step times, exact match (invariance.json)",
+                "context": "a round's calls at longer contexts (context.json)"}

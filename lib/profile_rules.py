@@ -111,6 +111,9 @@ def other(p, need) -> None:
     need(p.prompts.side_prompts >= 0, f"prompts.side_prompts must be >= 0 (0: every prompt), got {p.prompts.side_prompts}")
     need(set(p.side_studies) <= set(modes.SIDE_STUDIES),
          f"side_studies: unknown study in {p.side_studies}; known: {list(modes.SIDE_STUDIES)}")
+    need(all(n >= 1 for n in p.bench.context_lengths), f"bench.context_lengths must be positions >= 1, got {p.bench.context_lengths}")
+    need("context" not in p.side_studies or p.bench.context_lengths,
+         "side_studies: the context study needs bench.context_lengths (positions to time a round's calls at)")
 
 
 def adaptive(p, need) -> None:

@@ -152,7 +152,7 @@ def test_result_files_name_the_commit_that_wrote_them(profile, monkeypatch):
 
 
 def test_side_studies_are_the_profiles_unless_named(profile):
-    assert common.side_studies(profile) == ["sampling", "adaptive", "peers"]
+    assert common.side_studies(profile) == ["sampling", "adaptive", "peers", "context"]
     assert common.side_studies(replace(profile, side_studies=[])) == []
     assert common.side_studies(profile, "adaptive, peers") == ["adaptive", "peers"]
     with pytest.raises(ValueError, match=r"side_studies: unknown \['adaptiv'\]"):

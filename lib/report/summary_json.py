@@ -28,8 +28,8 @@ def run_source(profile: Profile, run: Path) -> dict:
 
 
 def extra_summary(profile: Profile) -> dict:
-    """Profile-specific additions to summary.json: target-step timings, and the peer, adaptive and sampling
-    studies' sections where they ran (their files without their raw rows)."""
+    """Profile-specific additions to summary.json: target-step timings, and the peer, adaptive, context and
+    sampling studies' sections where they ran (their files without their raw rows)."""
     read = lambda name: json.loads((profile.out_dir / name).read_text())
     out = {"target_step": read("target_step.json")} if (profile.out_dir / "target_step.json").exists() else {}
     if (profile.out_dir / "peers.json").exists():
@@ -37,6 +37,12 @@ def extra_summary(profile: Profile) -> dict:
     if (profile.out_dir / "adaptive.json").exists():
         a = read("adaptive.json")
         out["adaptive"] = {k: a[k] for k in ("schedule", "k", "prompts", "e2e_run", "regret", "policies")}
+    if (profile.out_dir / "context.json").exists():                          # per position: ms a token, a call
+        c = read("context.json")
+        out["context"] = {"k": c["k"], "device": c["device"], "rows": [
+            {"position": r["position"], "draft_step_ratio": r["draft_step_ratio"],
+             **{f"draft_{d}_ms_per_token": s["per_token_ms"] for d, s in r["draft"].items()},
+             **{f"target_{n}_ms": s["mean_ms"] for n, s in r["target"].items()}} for r in c["rows"]]}
     return {**out, **sampling_section(profile)}
 
 

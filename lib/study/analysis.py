@@ -14,7 +14,9 @@ from ..report.tables import aggregate, records_frame, run_kernels
 from ..results import finish_time, finished, read_json, read_records, runs_of
 
 # What notebook 04 shows, reached through its one import of this module.
-from ..costmodel import head_ratios, model_check, phase_check, projection_grid, projections  # noqa: F401
+from ..costmodel import (context_projection, head_ratios, model_check, phase_check, projection_grid,  # noqa: F401
+                         projections)
+from ..report.context import context_plot  # noqa: F401
 from ..report.figures import (adaptive_plots, block_length_plot, divergence_gap_plot, figures,  # noqa: F401
                               head_effect_plot, policy_rounds_plot, projection_heatmap)
 from ..report.summary_json import (acceptance_note, closing_checks, extra_summary, run_source, summary,  # noqa: F401

@@ -1,5 +1,6 @@
 """Notebook 03: the end-to-end speculative runs (raw records, resume, Slurm shards), decoded samples,
-where outputs leave the baseline and why, and the side studies (peers, sampling, adaptive drafts)."""
+where outputs leave the baseline and why, and the side studies (peers, sampling, adaptive drafts, batch invariance,
+longer contexts)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,11 +16,13 @@ from ..progress import note, steps
 from ..results import save_json
 from . import runs
 from .adaptive import adaptive_study
+from .context_lengths import context_study
 from .invariance import invariance_study
 from .common import call_costs, device_info, encoded_prompts, side_prompts, stop_tokens
 
 # What notebook 03 shows, reached through its one import of this module.
 from ..models.checkpoints import load_target  # noqa: F401
+from ..report.context import context_table  # noqa: F401
 from ..report.peers import table as peers_table  # noqa: F401
 from ..report.tables import acceptance_counts, exact_match_rates, invariance_tables, records_frame  # noqa: F401
 from ..results import read_json, read_records  # noqa: F401
@@ -151,5 +154,5 @@ def side_study(profile: Profile, name: str, target_model, keep: bool = False) ->
         return None
     kept = keep and results.kept_json(profile, f"{name}.json")
     study = {"sampling": sampling_study, "adaptive": adaptive_study, "peers": peer_study,
-             "invariance": invariance_study}[name]
+             "invariance": invariance_study, "context": context_study}[name]
     return kept or study(profile, target_model)
