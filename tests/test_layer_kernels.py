@@ -42,6 +42,15 @@ def test_attention_is_sdpa_over_the_causal_positions(n, start):
     torch.testing.assert_close(got, sdpa(q, k, v, pos), rtol=1e-5, atol=1e-5)
 
 
+def test_a_long_cache_combines_its_splits_in_chunks(monkeypatch):
+    """75 splits of 8 positions: the combination reads them 32 at a time (kernels.COMBINE_CHUNK), 3 chunks."""
+    q, k, v, pos = case(2, 590)
+    got = layer_kernels.cached_attention(q, k, v, pos, split=8, block=8)
+    torch.testing.assert_close(got, sdpa(q, k, v, pos), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(layer_kernels, "COMBINE_CHUNK", 128)                 # one chunk: the same output
+    torch.testing.assert_close(layer_kernels.cached_attention(q, k, v, pos, split=8, block=8), got, rtol=1e-6, atol=1e-6)
+
+
 def test_a_row_is_the_same_bits_at_any_index_and_in_a_call_of_any_length():
     q, k, v, pos = case(8, 252, seed=1)
     whole = layer_kernels.cached_attention(q, k, v, pos)

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ..bench import on
-from .kernels import _after_wait, _combine_splits, _launch_next, _qkv_heads, _wait, launches
+from .kernels import COMBINE_CHUNK, _after_wait, _combine_splits, _launch_next, _qkv_heads, _wait, launches
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"          # Triton's CPU interpreter (tests)
 
@@ -109,7 +109,7 @@ def _gemv_output(x, res, w, u, g, eps, K: tl.constexpr, NORM: tl.constexpr, GLU:
 @triton.jit
 def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, ml_ptr,
                       count_ptr, out_ptr, eps, scale, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-                      HD: tl.constexpr, S: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, L,
+                      HD: tl.constexpr, S: tl.constexpr, NS: tl.constexpr, CH: tl.constexpr, L,
                       NORM: tl.constexpr, PDL: tl.constexpr, ROW: tl.constexpr):
     """Program (a, s): query heads a*GP..a*GP+GP-1 (GP of the G sharing KV head h), positions s*S..s*S+S-1 of the
     L-position cache. Older positions come from the cache, the new one from this step's k, v (the first program
@@ -163,11 +163,9 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
     tl.debug_barrier()                                            # partials stored before we count ourselves
     if tl.atomic_add(count_ptr + a, 1) == NS - 1:                 # acq_rel: the last sees every partial
         tl.store(count_ptr + a, 0)
-        sp = tl.arange(0, NSP)
-        live = (sp < NS) & (sp * S <= pos)                        # the splits that hold positions
-        for j in tl.static_range(GP):
+        for j in tl.static_range(GP):                             # the splits that hold positions
             qh = a * GP + j
-            o = _combine_splits(ml_ptr, part_ptr, qh * NS + sp, live, d)
+            o = _combine_splits(ml_ptr, part_ptr, qh * NS, pos // S + 1, d, CH)
             tl.store(out_ptr + qh * HD + d, o.to(out_ptr.dtype.element_ty))
 
 
@@ -300,7 +298,7 @@ class FusedDecode:
         _decode_attention[(self.hq // self.heads, self.ns)](
             self.qkv[t], qn, kn, r.cos, r.sin, k_cache, v_cache, start, self.part, self.ml, self.count, self.attn[t],
             self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.heads, self.hd, self.split, self.ns,
-            triton.next_power_of_2(self.ns), k_cache.shape[2], self.qk_norm, self.pdl, t, **self.attention_opts)
+            min(triton.next_power_of_2(self.ns), COMBINE_CHUNK), k_cache.shape[2], self.qk_norm, self.pdl, t, **self.attention_opts)
 
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 0.15}

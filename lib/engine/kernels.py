@@ -66,15 +66,30 @@ def _after_wait(ptr, PDL: tl.constexpr):
 
 
 @triton.jit
-def _combine_splits(ml_ptr, part_ptr, rows, live, d):
-    """One query head's attention output (HD,) from its splits' partials at rows (NSP,) of ml (max, sum) and part
-    (weighted V, HD a row), the live splits in split order (read past L1: other programs wrote them)."""
-    ms = tl.load(ml_ptr + rows * 2, mask=live, other=-float("inf"), cache_modifier=".cg")
-    ls = tl.load(ml_ptr + rows * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
-    vs = tl.load(part_ptr + rows[:, None] * d.shape[0] + d[None, :], mask=live[:, None], other=0.0,
-                 cache_modifier=".cg")
-    w = tl.exp(ms - tl.max(ms, 0))
-    return tl.sum(w[:, None] * vs, 0) / tl.sum(w * ls, 0)
+def _combine_splits(ml_ptr, part_ptr, row0, n_live, d, CH: tl.constexpr):
+    """One query head's attention output (HD,) from the partials of its first n_live splits at rows row0.. of ml
+    (max, sum) and part (weighted V, HD a row), in split order (read past L1: other programs wrote them), CH splits
+    at a time with a running max and sum between chunks, so that a long cache's thousands of splits stay within
+    registers. Up to CH splits it is one chunk: weights exp(max_s - max), bitwise the one-shot combination."""
+    m, l = tl.full((), -float("inf"), tl.float32), tl.zeros((), tl.float32)
+    acc = tl.zeros(d.shape, tl.float32)
+    for c in range(0, n_live, CH):
+        sp = c + tl.arange(0, CH)
+        live, rows = sp < n_live, row0 + sp
+        ms = tl.load(ml_ptr + rows * 2, mask=live, other=-float("inf"), cache_modifier=".cg")
+        ls = tl.load(ml_ptr + rows * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
+        vs = tl.load(part_ptr + rows[:, None] * d.shape[0] + d[None, :], mask=live[:, None], other=0.0,
+                     cache_modifier=".cg")
+        top = tl.maximum(m, tl.max(ms, 0))
+        keep, w = tl.exp(m - top), tl.exp(ms - top)                  # keep: 0 before the first chunk
+        acc = acc * keep + tl.sum(w[:, None] * vs, 0)
+        l = l * keep + tl.sum(w * ls, 0)
+        m = top
+    return acc / l
+
+
+COMBINE_CHUNK = 32    # splits a combination reads at once (fewer where the cache has fewer): the draft's and the
+                      # target's e2e caches have at most 32, so their combination is one chunk as before
 
 
 @triton.jit

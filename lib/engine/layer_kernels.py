@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from ..bench import on
-from .kernels import _combine_splits, _launch_next, _qkv_heads, _wait, counters, launches
+from .kernels import COMBINE_CHUNK, _combine_splits, _launch_next, _qkv_heads, _wait, counters, launches
 
 SPLIT = 256                     # cache positions an attention program takes
 BLOCK = 128                     # positions a step of its loop scores
@@ -58,7 +58,7 @@ GLU_BLOCK, GLU_WARPS = 1024, 4  # columns a SiLU-mul program takes
 @triton.jit
 def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, out_ptr, scale, sq_h, sq_n,
                      sk_h, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, S: tl.constexpr,
-                     BL: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
+                     BL: tl.constexpr, NS: tl.constexpr, CH: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
                      DIRECT: tl.constexpr):
     _wait(PDL)                                                   # q and the cache written by the kernel before
     h, r, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -98,10 +98,8 @@ def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, 
     tile = r * tl.num_programs(0) + h
     if tl.atomic_add(count_ptr + tile, 1) == NS - 1:             # acq_rel: the last sees every partial
         tl.store(count_ptr + tile, 0)                            # ready for the next call
-        sp = tl.arange(0, NSP)
-        live = (sp < NS) & (sp * S <= pos)                       # the splits that hold positions
-        for j in tl.static_range(G):
-            o = _combine_splits(ml_ptr, part_ptr, (r * HQ + h * G + j) * NS + sp, live, d)
+        for j in tl.static_range(G):                             # the splits that hold positions
+            o = _combine_splits(ml_ptr, part_ptr, (r * HQ + h * G + j) * NS, pos // S + 1, d, CH)
             tl.store(out_ptr + (r * HQ + h * G + j) * HD + d, o.to(out_ptr.dtype.element_ty))
 
 
@@ -136,7 +134,7 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     with on(q.device):                                           # Triton launches on the current device
         _layer_attention[(Hkv, n, ns)](q, k_cache, v_cache, pos, part, ml, count, out, HD ** -0.5, q.stride(1),
                                        q.stride(2), L * HD, HQ, G, max(16, triton.next_power_of_2(G)), HD, split,
-                                       block, ns, triton.next_power_of_2(ns),
+                                       block, ns, min(triton.next_power_of_2(ns), COMBINE_CHUNK),
                                        "ieee" if q.dtype == torch.float32 else "tf32", pdl, direct, **opts)
     return out
 
