@@ -34,6 +34,8 @@ def test_every_call_is_timed_at_every_position(study):
         assert all(s["n"] >= 10 and s["mean_ms"] > 0 for part in ("draft", "target") for s in r[part].values())
         assert r["draft"]["dense"]["per_token_ms"] == pytest.approx(r["draft"]["dense"]["mean_ms"] / data["k"])
         assert r["draft_step_ratio"] == pytest.approx(r["draft"]["dense"]["mean_ms"] / r["draft"]["flash"]["mean_ms"])
+        assert r["cache_positions"] >= r["position"] + data["k"] + 1                # engines sized for the position
+    assert data["rows"][0]["cache_positions"] < data["rows"][1]["cache_positions"]
 
 
 def test_bytes_are_the_weights_once_a_call_and_the_cache_up_to_its_position(study):

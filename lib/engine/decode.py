@@ -115,8 +115,8 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
     L-position cache. Older positions come from the cache, the new one from this step's k, v (the first program
     of h owning it also caches them); each stores (max, sum, weighted V) per query head; the last of the NS
     programs of a to finish combines them into out (HQ*HD) in split order. Programs of splits past the new
-    position only count themselves, and the combination reads only the splits up to it: the step's cost grows
-    with the position, not with the cache's length L. ROW 1: the second token of a two-token step, one position
+    position only count themselves, and the combination reads only the splits up to it (32 at a time), but every
+    split's program is launched: a long cache costs at any position (notebook 03's context study). ROW 1: the second token of a two-token step, one position
     on, whose previous position the launch before this one (ROW 0) cached: its tile is read after the wait."""
     _launch_next(PDL)
     a, s = tl.program_id(0), tl.program_id(1)

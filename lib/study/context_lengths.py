@@ -5,9 +5,11 @@ position of bench.context_lengths. Each call reads its weights once whatever the
 up to it: at a long enough context the draft's step is mostly attention, and the head's share of it, which bounds
 what FlashHead saves, shrinks. Beside each time: the bytes the call must read (weights, heads, the cache) and, on a
 GPU, that many bytes at the measured copy bandwidth (the floor). The caches hold zeros (the arithmetic, not the
-values, sets a call's time), and every engine here has a cache sized for the longest position, so the shortest
-position's calls run with that cache's grid too. Saved as context.json; notebook 04 turns it into PROJECTIONS with
-the end-to-end run's acceptance (lib/costmodel.context_projection)."""
+values, sets a call's time). Each position gets engines of its own, their caches sized as the engine sizes them
+for a prompt that long, since the fused draft step launches a program for every split of its cache (one H200, the
+two_gpu draft: a K = 6 block at position 64 took 0.77 ms a token in a cache of 8,270 positions, against 0.49 at
+position 38 in one of 334). Saved as context.json; notebook 04 turns it into PROJECTIONS with the end-to-end run's
+acceptance (lib/costmodel.context_projection)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -28,25 +30,36 @@ DRAFTS = (modes.DENSE, modes.FLASH)
 def context_study(profile: Profile, target_model) -> dict:
     """The calls at each position (see the module's doc); saves context.json and returns it."""
     ensure_flash_checkpoint(profile)
-    k, lengths = profile.decode.k, profile.bench.context_lengths
-    longer = replace(profile, decode=replace(profile.decode, max_prompt_tokens=max(lengths)))
-    target = build.build_target(longer, target_model).runner
-    target.warm("greedy", sorted(target_lengths(k).values()))
-    drafts = build.build_drafts(longer, DRAFTS, target.clock, target_model)
-    for d in drafts.values():
-        if d.chained:
-            d.runner.warm_chain(d.head.head, 1, k)
-    w, devices = weight_bytes(drafts, target), {drafts[modes.DENSE].runner.device, target.device}
-    bw = {dev: bench.copy_bandwidth(dev) for dev in devices if dev.type == "cuda"}
-    rows = [context_row(profile, drafts, target, n) for n in steps(lengths, "context lengths", "positions")]
-    for r in rows:
-        add_bytes(r, drafts, target, w, k)
-        add_floors(r, drafts[modes.DENSE].runner.device, target.device, bw)
-    result = {"device": device_info(profile), "synthetic": profile.models.source == "synthetic", "k": k,
-              "draft_path": {name: d.runner.decode_path for name, d in drafts.items()}, "weight_bytes": w,
+    rows, paths = [], {}
+    for n in steps(profile.bench.context_lengths, "context lengths", "positions"):
+        target, drafts = engines_at(profile, target_model, n)
+        w = weight_bytes(drafts, target)
+        bw = {dev: bench.copy_bandwidth(dev) for dev in {drafts[modes.DENSE].runner.device, target.device}
+              if dev.type == "cuda"}
+        rows.append({**context_row(profile, drafts, target, n), "cache_positions": target.max_len})
+        add_bytes(rows[-1], drafts, target, w, profile.decode.k)
+        add_floors(rows[-1], drafts[modes.DENSE].runner.device, target.device, bw)
+        paths = {name: d.runner.decode_path for name, d in drafts.items()}
+        del target, drafts
+    result = {"device": device_info(profile), "synthetic": profile.models.source == "synthetic",
+              "k": profile.decode.k, "draft_path": paths, "weight_bytes": w,
               "copy_GBps": {str(dev): v / 1e9 for dev, v in bw.items()}, "rows": rows}
     save_json(profile, "context.json", result)
     return result
+
+
+def engines_at(profile: Profile, target_model, pos: int) -> tuple:
+    """The target's runner and both drafts with caches sized as the engine sizes them for a prompt of `pos` tokens
+    (a fused step's grid and an attention's splits follow the cache's length), their calls captured."""
+    k = profile.decode.k
+    at = replace(profile, decode=replace(profile.decode, max_prompt_tokens=pos))
+    target = build.build_target(at, target_model).runner
+    target.warm("greedy", sorted(target_lengths(k).values()))
+    drafts = build.build_drafts(at, DRAFTS, target.clock, target_model)
+    for d in drafts.values():
+        if d.chained:
+            d.runner.warm_chain(d.head.head, 1, k)
+    return target, drafts
 
 
 def target_lengths(k: int) -> dict[str, int]:
