@@ -39,8 +39,8 @@ def context_plot(ctx: dict, projection: pd.DataFrame | None = None):
     if "dense floor ms/token" in tab:
         axes[0].plot(tab.index, tab["dense floor ms/token"], ls="--", color="grey", label="dense floor")
     axes[0].set(ylabel="draft ms a proposed token", title=f"draft (K = {k} block)")
-    for col in ("target 1 ms", f"target {k + 1} ms"):
-        axes[1].plot(tab.index, tab[col], marker="o", label=col.removeprefix("target ").replace(" ms", " tokens"))
+    for n, col in ((1, "target 1 ms"), (k + 1, f"target {k + 1} ms")):
+        axes[1].plot(tab.index, tab[col], marker="o", label=f"{n} token" + ("s" if n > 1 else ""))
     axes[1].set(ylabel="target ms a call", title="target calls")
     axes[2].plot(tab.index, tab["dense/flash"], marker="o", color="k", label="draft step, measured")
     for schedule in (modes.ORDINARY, modes.DEFERRED):
