@@ -131,6 +131,11 @@ def time_calls(fn, warmup: int, iters: int, device) -> list[float]:
     return out
 
 
+def nbytes(modules) -> int:
+    """Bytes the modules hold: parameters and buffers (packed int4 weights are buffers)."""
+    return sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
+
+
 def copy_bandwidth(device, nbytes: int = 2**29) -> float:
     """Measured device memory bandwidth (bytes/s): a copy of nbytes reads and writes nbytes each."""
     x = torch.empty(nbytes, dtype=torch.uint8, device=device)

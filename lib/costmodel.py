@@ -50,6 +50,19 @@ def tpot_ms(costs: dict, k: int, emitted: float, schedule: str, skip: float = 0.
     return (verify + prepare) / emitted
 
 
+def round_call_lengths(k: int) -> dict[str, int]:
+    """The target's calls a round is made of, by name: the single-token append (1), the ordinary verify (K), the
+    deferred verify (K+1)."""
+    return {"1": 1, "K": k, "K+1": k + 1}
+
+
+def projected_tok_s(costs: dict, k: int, emitted: float, schedule: str) -> float:
+    """1 / TPOT for a long generation at mean emitted `emitted` a round: every round appends, and the ordinary
+    schedule skips the verify calls its per-token acceptance implies (skip_share)."""
+    skip = skip_share(per_token_acceptance(emitted, k), schedule)
+    return 1000 / tpot_ms(costs, k, emitted, schedule, skip)
+
+
 def round_calls(tp: dict, k: int, schedule: str, appends: float = 1.0) -> tuple[float, float]:
     """(a verify call, a round's append) in ms from the target call costs tp: the deferred verify carries K+1 tokens
     and nothing is appended; the other schedules verify K and append one token in the share `appends` of rounds."""
@@ -184,9 +197,8 @@ def projections(micro: dict, target_step: dict, k: int) -> pd.DataFrame:
                modes.BASELINE: 1000 / tpot_ms(call_costs(micro, target_step), k, 1, modes.BASELINE)}
         for draft in (modes.DENSE, modes.FLASH):
             for schedule in (ORDINARY, DEFERRED):
-                skip = skip_share(per_token_acceptance(em[draft], k), schedule)
-                cost = tpot_ms(call_costs(micro, target_step, draft), k, em[draft], schedule, skip)
-                row[modes.name(draft, schedule)] = 1000 / cost
+                row[modes.name(draft, schedule)] = projected_tok_s(call_costs(micro, target_step, draft), k,
+                                                                   em[draft], schedule)
         rows.append(row)
     return pd.DataFrame(rows).set_index("thesis statistics")
 
@@ -226,7 +238,7 @@ def context_projection(ctx: dict, agg: pd.DataFrame) -> pd.DataFrame:
     measured draft-step ratio. Projections, not measurements."""
     k, rows = ctx["k"], []
     for r in ctx["rows"]:
-        tp = {n: r["target"][name]["mean_ms"] for name, n in {"1": 1, "K": k, "K+1": k + 1}.items()}
+        tp = {n: r["target"][name]["mean_ms"] for name, n in round_call_lengths(k).items()}
         row = {"position": r["position"], "baseline tok/s": 1000 / tp[1],
                "draft step dense/flash (measured)": r["draft_step_ratio"]}
         for schedule in (ORDINARY, DEFERRED):
@@ -234,10 +246,9 @@ def context_projection(ctx: dict, agg: pd.DataFrame) -> pd.DataFrame:
             for draft in (modes.DENSE, modes.FLASH):
                 mode = modes.name(draft, schedule)
                 if mode in agg.index:
-                    em = float(agg.loc[mode, "mean_emitted"])
                     costs = {"T_p": tp, "T_q": r["draft"][draft]["per_token_ms"]}
-                    skip = skip_share(per_token_acceptance(em, k), schedule)
-                    tok[draft] = row[f"{mode} tok/s"] = 1000 / tpot_ms(costs, k, em, schedule, skip)
+                    tok[draft] = row[f"{mode} tok/s"] = projected_tok_s(costs, k, float(agg.loc[mode, "mean_emitted"]),
+                                                                        schedule)
             if len(tok) == 2:
                 row[f"{schedule}: flash/dense"] = tok[modes.FLASH] / tok[modes.DENSE]
         rows.append(row)

@@ -48,7 +48,7 @@ def test_bytes_are_the_weights_once_a_call_and_the_cache_up_to_its_position(stud
         for name in ("dense", "flash"):                                 # k steps at positions n .. n + k - 1
             kv = per_position["draft"] * sum(n + i + 1 for i in range(k))
             assert r["draft"][name]["bytes"] == k * (w["draft_body"] + w[f"draft_{name}_head"]) + kv
-        for name, m in ctx_study.target_lengths(k).items():
+        for name, m in costmodel.round_call_lengths(k).items():
             assert r["target"][name]["bytes"] == w["target"] + per_position["target"] * (n + m)
     assert w["draft_flash_head"] < w["draft_dense_head"]
 
@@ -58,7 +58,7 @@ def costs_row(position, dense_ms, flash_ms, target_ms, k):
             "draft": {"dense": {"mean_ms": k * dense_ms, "per_token_ms": dense_ms, "bytes": 1},
                       "flash": {"mean_ms": k * flash_ms, "per_token_ms": flash_ms, "bytes": 1}},
             "target": {name: {"mean_ms": target_ms + 0.1 * n, "bytes": 1}
-                       for name, n in ctx_study.target_lengths(k).items()}}
+                       for name, n in costmodel.round_call_lengths(k).items()}}
 
 
 def test_projection_is_the_cost_model_at_each_position():

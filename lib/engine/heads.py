@@ -61,6 +61,11 @@ class FlashHead:
         self.kernel = kernel                                                    # "torch" or "triton" (CUDA)
         self.set_probes(n_probes)
 
+    def bytes_read(self, n_probes: int | None = None) -> int:
+        """Bytes one state's greedy call must read at n_probes (default: its own): centroids, probed token rows."""
+        p = self.n_probes if n_probes is None else n_probes
+        return (self.centroids.numel() + p * self.c2t.shape[1] * self.weight.shape[1]) * self.weight.element_size()
+
     def set_probes(self, n_probes: int) -> None:
         """Probe count and what depends on it. Two-stage top-p: split the c scores into R rows, top-p
         per row, then top-p of the R*p survivors (exact, and faster than one top-p over c on a GPU)."""

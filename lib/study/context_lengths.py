@@ -18,6 +18,7 @@ import torch
 
 from .. import bench, modes
 from ..config import Profile
+from ..costmodel import round_call_lengths
 from ..models import build
 from ..models.flash_checkpoint import ensure_flash_checkpoint
 from ..progress import steps
@@ -30,12 +31,13 @@ DRAFTS = (modes.DENSE, modes.FLASH)
 def context_study(profile: Profile, target_model) -> dict:
     """The calls at each position (see the module's doc); saves context.json and returns it."""
     ensure_flash_checkpoint(profile)
-    rows, paths = [], {}
+    rows, w, bw = [], None, None
     for n in steps(profile.bench.context_lengths, "context lengths", "positions"):
         target, drafts = engines_at(profile, target_model, n)
-        w = weight_bytes(drafts, target)
-        bw = {dev: bench.copy_bandwidth(dev) for dev in {drafts[modes.DENSE].runner.device, target.device}
-              if dev.type == "cuda"}
+        if w is None:                                             # the same at every position: measured once
+            w = weight_bytes(drafts, target)
+            bw = {dev: bench.copy_bandwidth(dev) for dev in {drafts[modes.DENSE].runner.device, target.device}
+                  if dev.type == "cuda"}
         rows.append({**context_row(profile, drafts, target, n), "cache_positions": target.max_len})
         add_bytes(rows[-1], drafts, target, w, profile.decode.k)
         add_floors(rows[-1], drafts[modes.DENSE].runner.device, target.device, bw)
@@ -54,17 +56,12 @@ def engines_at(profile: Profile, target_model, pos: int) -> tuple:
     k = profile.decode.k
     at = replace(profile, decode=replace(profile.decode, max_prompt_tokens=pos))
     target = build.build_target(at, target_model).runner
-    target.warm("greedy", sorted(target_lengths(k).values()))
+    target.warm("greedy", sorted(round_call_lengths(k).values()))
     drafts = build.build_drafts(at, DRAFTS, target.clock, target_model)
     for d in drafts.values():
         if d.chained:
             d.runner.warm_chain(d.head.head, 1, k)
     return target, drafts
-
-
-def target_lengths(k: int) -> dict[str, int]:
-    """The target's calls a round is made of: the single-token append (1), the ordinary verify (K), the deferred (K+1)."""
-    return {"1": 1, "K": k, "K+1": k + 1}
 
 
 def context_row(profile: Profile, drafts: dict, target, pos: int) -> dict:
@@ -77,7 +74,7 @@ def context_row(profile: Profile, drafts: dict, target, pos: int) -> dict:
     draft = {name: bench.stats(ms) for name, ms in raw.items()}
     for s in draft.values():
         s["per_token_ms"] = s["mean_ms"] / k
-    ids = {name: torch.zeros((1, n), dtype=torch.long, device=target.device) for name, n in target_lengths(k).items()}
+    ids = {name: torch.zeros((1, n), dtype=torch.long, device=target.device) for name, n in round_call_lengths(k).items()}
     calls = {name: (lambda i=i: target.greedy(i, pos)) for name, i in ids.items()}
     raw = bench.interleaved(calls, max(2, b.warmup // 4), max(10, b.iters // 10), target.device)
     return {"position": pos, "draft": draft, "target": {name: bench.stats(ms) for name, ms in raw.items()},
@@ -102,12 +99,10 @@ def kv_bytes(runner, positions: int) -> int:
 def weight_bytes(drafts: dict, target) -> dict:
     """Bytes a call reads whatever the position: the draft's body, each head (FlashHead: its centroids and its
     probes' token rows), the target's layers and head (parameters and buffers: packed int4 weights are buffers)."""
-    size = lambda mod: sum(t.numel() * t.element_size() for t in (*mod.parameters(), *mod.buffers()))
-    fh, W = drafts[modes.FLASH].head.head, drafts[modes.DENSE].head.head.weight
-    return {"draft_body": sum(size(layer) for layer in drafts[modes.DENSE].runner.layers),
-            "draft_dense_head": W.numel() * W.element_size(),
-            "draft_flash_head": (fh.centroids.numel() + fh.n_probes * fh.c2t.shape[1] * W.shape[1]) * W.element_size(),
-            "target": sum(size(layer) for layer in target.layers) + size(target.model.get_output_embeddings())}
+    W = drafts[modes.DENSE].head.head.weight
+    return {"draft_body": bench.nbytes(drafts[modes.DENSE].runner.layers), "draft_dense_head": W.numel() * W.element_size(),
+            "draft_flash_head": drafts[modes.FLASH].head.head.bytes_read(),
+            "target": bench.nbytes([*target.layers, target.model.get_output_embeddings()])}
 
 
 def add_bytes(r: dict, drafts: dict, target, w: dict, k: int) -> None:
@@ -117,7 +112,7 @@ def add_bytes(r: dict, drafts: dict, target, w: dict, k: int) -> None:
     for name, d in drafts.items():
         r["draft"][name]["bytes"] = sum(w["draft_body"] + w[f"draft_{name}_head"] + kv_bytes(d.runner, p + i + 1)
                                         for i in range(k))
-    for name, n in target_lengths(k).items():
+    for name, n in round_call_lengths(k).items():
         r["target"][name]["bytes"] = w["target"] + kv_bytes(target, p + n)
 
 

@@ -143,10 +143,7 @@ def probe_point(head, h: torch.Tensor, b, dev) -> dict:
 def floors(dense, fh, bandwidth: float) -> dict:
     """The least time (ms) each measured call can take at the measured bandwidth: the bytes it must read."""
     W = fh.weight
-    size = W.element_size()
-    body = sum(p.numel() * p.element_size() for layer in dense.runner.layers for p in layer.parameters())
-    dense_head = W.numel() * size
-    flash_head = lambda p: (fh.centroids.numel() + p * fh.c2t.shape[1] * W.shape[1]) * size
+    body, dense_head, flash_head = bench.nbytes(dense.runner.layers), W.numel() * W.element_size(), fh.bytes_read
     ms = lambda nbytes: 1000 * nbytes / bandwidth
     return {"bandwidth_GBps": bandwidth / 1e9, "body_bytes": body, "body_ms": ms(body),
             "dense_head_ms": ms(dense_head), "flash_head_ms": ms(flash_head(fh.n_probes)),
