@@ -57,17 +57,26 @@ def test_a_two_token_call_of_a_fused_runner_is_two_fused_steps(pair):
     assert torch.equal(a.cache.k, b.cache.k) and torch.equal(a.cache.v, b.cache.v)
 
 
-def test_attention_programs_of_one_or_all_query_heads_of_a_kv_head_give_the_same_step(llama):
-    """3 query heads a KV head (as SmolLM2): a program for each, or one for all three: the same bits."""
-    r = Runner(llama, LEN, Acceleration(fused=True))
-    assert r.decode.heads == decode.HEADS == 1
-    grouped = decode.FusedDecode(r, heads=0)
-    assert grouped.heads == 3
-    ids = torch.randint(3, 200, (40,), generator=torch.Generator().manual_seed(2))
-    r.prefill(ids[None, :38])
-    for p in (38, 39):
-        step = lambda f: f(ids[None, p:p + 1], torch.tensor(p)).clone()      # both write the same cache entries
-        assert torch.equal(step(r.decode), step(grouped))
+def test_a_cache_of_more_splits_than_programs_loops_and_its_length_does_not_change_a_position(llama, pair):
+    """2 attention programs a query head over 5 (a cache of 80) or 10 splits (160): each program folds several
+    splits; a position's step is the reference's to fp32 rounding and bitwise the same in both caches, and with one
+    split a program (the default here) the same to rounding."""
+    for model in (llama, pair[1]):
+        ref, long = Runner(model, LEN), Runner(model, 2 * LEN)
+        short = Runner(model, LEN, Acceleration(fused=True))
+        assert short.decode.programs == 5 <= decode.PROGRAMS
+        steps = {"short": decode.FusedDecode(short, programs=2), "long": decode.FusedDecode(long, programs=2)}
+        assert steps["long"].programs == 2 and steps["long"].part.shape[1] == 2
+        ids = torch.randint(3, 200, (LEN,), generator=torch.Generator().manual_seed(2))
+        for r in (ref, short, long):
+            r.prefill(ids[None, :60])
+        for p in range(60, 68):                                              # splits 3 and 4: programs 1 and 0
+            at = torch.tensor(p)
+            want = ref.forward(ids[None, p:p + 1], p)
+            got = {name: f(ids[None, p:p + 1], at).clone() for name, f in steps.items()}
+            assert torch.equal(got["short"], got["long"])
+            torch.testing.assert_close(got["short"], want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(long.cache.k[..., :68, :], ref.cache.k[..., :68, :], rtol=1e-5, atol=1e-5)
 
 
 def test_the_check_leaves_a_fresh_cache_and_the_runner_names_its_path(pair):

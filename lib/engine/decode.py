@@ -4,7 +4,7 @@ bandwidth-bound kernels a layer.
   _decode_gemv (norm)       RMSNorm of the residual stream, then the fused q/k/v GEMV (layer 0: of the token's
                             embedding row, which it also writes as the residual stream's start)
   _decode_attention         q/k RMS norms (Qwen3), RoPE, the K/V cache write and split-KV single-query
-                            attention; the last split of each query head to finish combines the splits
+                            attention; the last program of each query head to finish combines the splits
   _decode_gemv (residual)   o-projection GEMV added to the residual stream
   _decode_gemv (norm, glu)  RMSNorm, gate/up GEMV, SiLU(gate) * up
   _decode_gemv (residual)   down-projection GEMV added to the residual stream
@@ -14,8 +14,9 @@ GEMV program holds BN whole weight rows, issues their loads, and only then waits
 the weights of the next kernels stream in while one finishes (the attention reads the older cache positions
 before its wait the same way). What a program reads after its wait it reads at once (activations, residual;
 the o-projection's activations once its first weights are in: LATE_ACTIVATIONS): the step is a chain of dependent
-kernels, each one's latency after its wait on the critical path. Splits of the attention are a fixed number of
-positions, and every reduction runs in a fixed order: a position's output does not depend on the context's length.
+kernels, each one's latency after its wait on the critical path. The attention's splits (a fixed number of positions)
+go to at most PROGRAMS programs a query head, and every reduction runs in a fixed order: a position's output does
+not depend on the cache's length, and a long cache launches no more programs than a short one.
 Two tokens: each GEMV program reads its weights once and computes both tokens' rows (their loads issued together
 after the wait), the attention is launched once a token (the second one position on, its cache tile read after its
 wait, since the first token's launch writes an entry of it), and the final norm takes a program a token: six
@@ -108,19 +109,18 @@ def _gemv_output(x, res, w, u, g, eps, K: tl.constexpr, NORM: tl.constexpr, GLU:
 
 @triton.jit
 def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, ml_ptr,
-                      count_ptr, out_ptr, eps, scale, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-                      HD: tl.constexpr, S: tl.constexpr, NS: tl.constexpr, CH: tl.constexpr, L,
-                      NORM: tl.constexpr, PDL: tl.constexpr, ROW: tl.constexpr):
-    """Program (a, s): query heads a*GP..a*GP+GP-1 (GP of the G sharing KV head h), positions s*S..s*S+S-1 of the
-    L-position cache. Older positions come from the cache, the new one from this step's k, v (the first program
-    of h owning it also caches them); each stores (max, sum, weighted V) per query head; the last of the NS
-    programs of a to finish combines them into out (HQ*HD) in split order. Programs of splits past the new
-    position only count themselves, and the combination reads only the splits up to it (32 at a time), but every
-    split's program is launched: a long cache costs at any position (notebook 03's context study). ROW 1: the second token of a two-token step, one position
-    on, whose previous position the launch before this one (ROW 0) cached: its tile is read after the wait."""
+                      count_ptr, out_ptr, eps, scale, HQ: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
+                      S: tl.constexpr, P, CH: tl.constexpr, L, NORM: tl.constexpr, PDL: tl.constexpr,
+                      ROW: tl.constexpr):
+    """Program (a, s): query head a (of KV head h = a // G), splits s, s + P, s + 2P, ... of S positions of the
+    L-position cache up to the new position's. Older positions come from the cache, the new one from this step's k, v
+    (which h's first query head's program owning it caches). Each split's (max, sum, weighted V) is folded into the
+    program's running ones in split order while the next split's tile loads; the last of the P programs of a to finish
+    combines the live ones' in program order (up to P splits: one split a program, a one-level combination). ROW 1:
+    the second token of a two-token step, one position on, whose previous position the launch before this one (ROW
+    0) cached: its tile is read after the wait."""
     _launch_next(PDL)
-    a, s = tl.program_id(0), tl.program_id(1)
-    h = a * GP // G
+    a, s, h = tl.program_id(0), tl.program_id(1), tl.program_id(0) // G
     d = tl.arange(0, HD)
     rot = (d + HD // 2) % HD
     pos = tl.load(pos_ptr) + ROW                                  # the step's position, set before it began
@@ -128,45 +128,51 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
     sin = tl.load(sin_ptr + pos * HD + d).to(tl.float32)
     qn, qn_rot = tl.load(qn_ptr + d), tl.load(qn_ptr + rot)       # weights: read before the wait too
     kn, kn_rot = tl.load(kn_ptr + d), tl.load(kn_ptr + rot)
-    cache = h.to(tl.int64) * L * HD
+    kc, vc = kc_ptr + h.to(tl.int64) * L * HD, vc_ptr + h.to(tl.int64) * L * HD
     p = s * S + tl.arange(0, S)
-    old = (p < pos)[:, None]                                      # cached by earlier steps: read before the wait
-    if ROW == 0:
-        kt = tl.load(kc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
-        vt = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
+    if ROW == 0:                                                  # cached by earlier steps: read before the wait
+        kt, vt = _cache_tile(kc, vc, p, pos, d, HD)
     _wait(PDL)                                                    # q, k, v of this step
     if ROW == 1:
-        kt = tl.load(kc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
-        vt = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
-    if s * S <= pos:                                              # splits past the new position: nothing to do
-        k, v, q = _qkv_heads(qkv_ptr, (HQ + h) * HD, (HQ + HQ // G + h) * HD, a * GP * HD, kn, kn_rot, qn, qn_rot,
+        kt, vt = _cache_tile(kc, vc, p, pos, d, HD)
+    if s * S <= pos:                                              # programs past the new position: nothing to do
+        k, v, q = _qkv_heads(qkv_ptr, (HQ + h) * HD, (HQ + HQ // G + h) * HD, a * HD, kn, kn_rot, qn, qn_rot,
                              cos, sin, eps, HD, NORM)
-        if ((a * GP) % G == 0) & (pos < s * S + S):              # the new position is ours: cache it
-            tl.store(kc_ptr + cache + pos * HD + d, k)
-            tl.store(vc_ptr + cache + pos * HD + d, v)
-        ok, here = p <= pos, pos < s * S + S                     # here: the new position is in this split
-        for j in tl.static_range(GP):
-            qh = a * GP + j
-            if j > 0:                                             # the other query heads of the KV head
-                _, _, q = _qkv_heads(qkv_ptr, qh * HD, qh * HD, qh * HD, kn, kn_rot, qn, qn_rot, cos, sin, eps, HD,
-                                     NORM)
-            qf = q.to(tl.float32)
-            sn = tl.sum(k.to(tl.float32) * qf, 0) * scale        # the new position apart from the cached tile
-            sc = tl.where(p == pos, sn, tl.sum(kt * qf[None, :], 1) * scale)   # (whose row there reads 0)
+        if (a % G == 0) & ((pos // S) % P == s):                  # the new position is ours: cache it
+            tl.store(kc + pos * HD + d, k)
+            tl.store(vc + pos * HD + d, v)
+        qf, vf = q.to(tl.float32), v.to(tl.float32)
+        sn = tl.sum(k.to(tl.float32) * qf, 0) * scale            # the new position apart from the cached tile
+        m, l, acc = tl.full((), -float("inf"), tl.float32), tl.zeros((), tl.float32), tl.zeros((HD,), tl.float32)
+        for b in range(s * S, pos + 1, P * S):                    # our splits that hold positions, from b
+            p = b + tl.arange(0, S)
+            k_next, v_next = _cache_tile(kc, vc, p + P * S, pos, d, HD)   # the next one's (none past pos)
+            ok = p <= pos
+            sc = tl.where(p == pos, sn, tl.sum(kt.to(tl.float32) * qf[None, :], 1) * scale)   # (its cached row: 0)
             sc = tl.where(ok, sc, -float("inf"))
-            m = tl.max(sc, 0)
-            e = tl.where(ok, tl.exp(sc - m), 0.0)
-            acc = tl.sum(e[:, None] * vt, 0) + tl.where(here, tl.exp(sn - m), 0.0) * v.to(tl.float32)
-            tl.store(ml_ptr + (qh * NS + s) * 2, m)
-            tl.store(ml_ptr + (qh * NS + s) * 2 + 1, tl.sum(e, 0))
-            tl.store(part_ptr + (qh * NS + s) * HD + d, acc)
+            ms = tl.max(sc, 0)
+            e = tl.where(ok, tl.exp(sc - ms), 0.0)
+            vs = tl.sum(e[:, None] * vt.to(tl.float32), 0) + tl.where(pos < b + S, tl.exp(sn - ms), 0.0) * vf
+            top = tl.maximum(m, ms)                               # folded in: the split's own bits where it is
+            keep, w = tl.exp(m - top), tl.exp(ms - top)           # the first (keep 0, w 1)
+            acc, l, m = acc * keep + w * vs, l * keep + w * tl.sum(e, 0), top
+            kt, vt = k_next, v_next
+        tl.store(ml_ptr + (a * P + s) * 2, m)
+        tl.store(ml_ptr + (a * P + s) * 2 + 1, l)
+        tl.store(part_ptr + (a * P + s) * HD + d, acc)
     tl.debug_barrier()                                            # partials stored before we count ourselves
-    if tl.atomic_add(count_ptr + a, 1) == NS - 1:                 # acq_rel: the last sees every partial
+    if tl.atomic_add(count_ptr + a, 1) == P - 1:                  # acq_rel: the last sees every partial
         tl.store(count_ptr + a, 0)
-        for j in tl.static_range(GP):                             # the splits that hold positions
-            qh = a * GP + j
-            o = _combine_splits(ml_ptr, part_ptr, qh * NS, pos // S + 1, d, CH)
-            tl.store(out_ptr + qh * HD + d, o.to(out_ptr.dtype.element_ty))
+        o = _combine_splits(ml_ptr, part_ptr, a * P, tl.minimum(pos // S + 1, P), d, CH)
+        tl.store(out_ptr + a * HD + d, o.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _cache_tile(kc, vc, p, pos, d, HD: tl.constexpr):
+    """K and V rows (S, HD) of positions p of one KV head's cache, zero from the new position on."""
+    old = (p < pos)[:, None]
+    return (tl.load(kc + p[:, None] * HD + d[None, :], mask=old, other=0.0),
+            tl.load(vc + p[:, None] * HD + d[None, :], mask=old, other=0.0))
 
 
 @triton.jit
@@ -186,23 +192,19 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
 # Launch settings (history in outputs/GPU_RUNS.md). On one H100, body step as Runner.chain runs it, position 300:
 # GEMV programs of 8 KB of weights a warp, attention splits of 16 positions and 1 warp: 0.636 -> 0.593 ms (fdff1be);
 # the residual read beside the activations 0.609 -> 0.564, one query head an attention program 0.534 (afc4534); a
-# done counter per kernel instead of the grid 0.995; the o-projection in the attention's grid 0.526 against 0.525
-# (e8bf15a); bulk-prefetching the next kernels' weights into L2 slower at every distance (95f292b); q, k, v in one
+# done counter per kernel 0.995; bulk-prefetching the next kernels' weights into L2 slower (95f292b); q, k, v in one
 # round trip 0.537 -> 0.516 (015a50c); the new position's score apart from the cached tile 0.515 -> 0.507; the
 # embedding row read by layer 0's q/k/v GEMV: K = 6 block 0.615 -> 0.611 ms dense, 0.528 -> 0.521 FlashHead. A
 # per-program globaltimer trace (c5e78a8) showed the down projection's weights streaming after its wait: gate/up and
 # down in 2-warp programs of twice the rows: body 0.506-0.509 -> 0.497-0.498 ms (down_tiles.py); on one H200, K = 6
 # block 0.550 -> 0.539 dense, 0.483 -> 0.471 FlashHead (block_ab.py, 6fb9331). The o-projection's activation reads
-# issued once its first weights have landed, not at once after the wait (LATE_ACTIVATIONS; the other GEMVs gain
-# nothing from it), its programs then of 2 warps (without the late reads 2 warps are slower): on one H200, three
-# instances a variant, interleaved, outputs bitwise the same, body 442.0 -> 416.8 us at position 38 (late_ab.py). A
-# reading, not measured: hundreds of programs asking at once for the same 4 KB delay the weights' fills. Then down in
-# 4-warp programs: 415.8 -> 404.6 us; block 0.502 -> 0.493 ms dense, 0.436 -> 0.426 FlashHead. Its warps sum K in
-# another order: the same bits in bf16 where compared, 1-2 units in the last place in fp16, whose draft gains less.
+# issued once its first weights have landed (LATE_ACTIVATIONS), its programs then of 2 warps: on one H200, body
+# 442.0 -> 416.8 us at position 38 (late_ab.py); down in 4-warp programs: 415.8 -> 404.6 us; block 0.502 -> 0.493 ms
+# dense, 0.436 -> 0.426 FlashHead (bf16: the same bits).
 TILE_BYTES = 8192               # weights a warp of a GEMV program holds
 GEMV_WARPS = {"qkv": 1, "o": 2, "gate_up": 2, "down": 4}
 SPLIT, ATTENTION_WARPS = 16, 1
-HEADS = 1                       # query heads an attention program takes (0: all that share its KV head)
+PROGRAMS = 64                   # attention programs a query head at most (longer caches: several splits each)
 LATE_ACTIVATIONS = {"o"}        # GEMVs whose activation reads wait for their first weights (_after_wait)
 GEMVS = {"qkv": (True, False, False), "o": (False, False, True),   # (norm, glu, residual) of each GEMV
          "gate_up": (True, True, False), "down": (False, False, True)}
@@ -235,24 +237,23 @@ class FusedDecode:
     capturable."""
 
     def __init__(self, runner, tile_bytes: int = TILE_BYTES, warps: dict = GEMV_WARPS, split: int = SPLIT,
-                 attention_warps: int = ATTENTION_WARPS, heads: int = HEADS):
+                 attention_warps: int = ATTENTION_WARPS, programs: int = PROGRAMS):
         cfg, dev, dt = runner.model.config, runner.device, runner.dtype
         att = runner.layers[0].self_attn
         self.runner, self.eps = runner, cfg.rms_norm_eps
         self.hq, self.hkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, runner.cache.k.shape[-1]
         self.qk_norm = hasattr(att, "q_norm")
-        self.heads = self.hq // self.hkv if heads == 0 else heads          # query heads an attention program takes
         self.pdl, self.opts = launches(dev, 1)                                # Triton launch options, made once
         self.gemv_opts = {name: launches(dev, w)[1] for name, w in warps.items()}
         self.attention_opts = launches(dev, attention_warps)[1]
         D, inter, L = cfg.hidden_size, cfg.intermediate_size, runner.cache.k.shape[3]
-        self.split, self.ns = split, triton.cdiv(L, split)
+        self.split, self.programs = split, min(triton.cdiv(L, split), programs)   # attention programs a query head
         empty = lambda *shape, dtype=dt: torch.zeros(shape, dtype=dtype, device=dev)
         self.x, self.out = empty(2, D), empty(1, 2, D)                        # the step's activations, a row a
         self.qkv = empty(2, (self.hq + 2 * self.hkv) * self.hd)                # token
         self.attn, self.act = empty(2, self.hq * self.hd), empty(2, inter)
-        self.part = empty(self.hq, self.ns, self.hd, dtype=torch.float32)     # attention splits: weighted V,
-        self.ml = empty(self.hq, self.ns, 2, dtype=torch.float32)             # (max, sum) per query head
+        self.part = empty(self.hq, self.programs, self.hd, dtype=torch.float32)   # attention programs' weighted V,
+        self.ml = empty(self.hq, self.programs, 2, dtype=torch.float32)           # (max, sum) per query head
         self.count = empty(self.hq, dtype=torch.int32)                        # splits done per program row
         e = runner.layers[0].self_attn.o_proj.weight.element_size()
         k = {"qkv": D, "o": self.hq * self.hd, "gate_up": D, "down": inter}       # each GEMV's input length
@@ -295,10 +296,11 @@ class FusedDecode:
         """Token t's attention, at position start + t (the second token's reads the first token's cache entry)."""
         r, (k_cache, v_cache) = self.runner, kv
         qn, kn = (att.q_norm.weight, att.k_norm.weight) if self.qk_norm else (self.x, self.x)
-        _decode_attention[(self.hq // self.heads, self.ns)](
+        _decode_attention[(self.hq, self.programs)](
             self.qkv[t], qn, kn, r.cos, r.sin, k_cache, v_cache, start, self.part, self.ml, self.count, self.attn[t],
-            self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.heads, self.hd, self.split, self.ns,
-            min(triton.next_power_of_2(self.ns), COMBINE_CHUNK), k_cache.shape[2], self.qk_norm, self.pdl, t, **self.attention_opts)
+            self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.hd, self.split, self.programs,
+            min(triton.next_power_of_2(self.programs), COMBINE_CHUNK), k_cache.shape[2], self.qk_norm, self.pdl, t,
+            **self.attention_opts)
 
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 0.15}
