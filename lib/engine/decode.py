@@ -145,10 +145,10 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
         sn = tl.sum(k.to(tl.float32) * qf, 0) * scale            # the new position apart from the cached tile
         m, l, acc = tl.full((), -float("inf"), tl.float32), tl.zeros((), tl.float32), tl.zeros((HD,), tl.float32)
         for b in range(s * S, pos + 1, P * S):                    # our splits that hold positions, from b
-            p = b + tl.arange(0, S)
-            k_next, v_next = _cache_tile(kc, vc, p + P * S, pos, d, HD)   # the next one's (none past pos)
-            ok = p <= pos
-            sc = tl.where(p == pos, sn, tl.sum(kt.to(tl.float32) * qf[None, :], 1) * scale)   # (its cached row: 0)
+            at = b + tl.arange(0, S)
+            k_next, v_next = _cache_tile(kc, vc, at + P * S, pos, d, HD)   # the next one's (none past pos)
+            ok = at <= pos
+            sc = tl.where(at == pos, sn, tl.sum(kt.to(tl.float32) * qf[None, :], 1) * scale)   # (its cached row: 0)
             sc = tl.where(ok, sc, -float("inf"))
             ms = tl.max(sc, 0)
             e = tl.where(ok, tl.exp(sc - ms), 0.0)
