@@ -59,13 +59,15 @@ def test_a_two_token_call_of_a_fused_runner_is_two_fused_steps(pair):
 
 def test_a_cache_of_more_splits_than_programs_loops_and_its_length_does_not_change_a_position(llama, pair):
     """2 attention programs a query head over 5 (a cache of 80) or 10 splits (160): each program folds several
-    splits; a position's step is the reference's to fp32 rounding and bitwise the same in both caches, and with one
-    split a program (the default here) the same to rounding."""
+    splits (FOLD of them loaded at once: 1 or 2, the same bits); a position's step is the reference's to fp32
+    rounding and bitwise the same in both caches."""
     for model in (llama, pair[1]):
         ref, long = Runner(model, LEN), Runner(model, 2 * LEN)
         short = Runner(model, LEN, Acceleration(fused=True))
         assert short.decode.programs == 5 <= decode.PROGRAMS
-        steps = {"short": decode.FusedDecode(short, programs=2), "long": decode.FusedDecode(long, programs=2)}
+        steps = {"short": decode.FusedDecode(short, programs=2), "long": decode.FusedDecode(long, programs=2),
+                 "one_at_once": decode.FusedDecode(short, programs=2, fold=1)}
+        assert steps["long"].fold == decode.FOLD == 2
         assert steps["long"].programs == 2 and steps["long"].part.shape[1] == 2
         ids = torch.randint(3, 200, (LEN,), generator=torch.Generator().manual_seed(2))
         for r in (ref, short, long):
@@ -74,7 +76,7 @@ def test_a_cache_of_more_splits_than_programs_loops_and_its_length_does_not_chan
             at = torch.tensor(p)
             want = ref.forward(ids[None, p:p + 1], p)
             got = {name: f(ids[None, p:p + 1], at).clone() for name, f in steps.items()}
-            assert torch.equal(got["short"], got["long"])
+            assert torch.equal(got["short"], got["long"]) and torch.equal(got["short"], got["one_at_once"])
             torch.testing.assert_close(got["short"], want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(long.cache.k[..., :68, :], ref.cache.k[..., :68, :], rtol=1e-5, atol=1e-5)
 

@@ -3,8 +3,8 @@ bandwidth-bound kernels a layer.
 
   _decode_gemv (norm)       RMSNorm of the residual stream, then the fused q/k/v GEMV (layer 0: of the token's
                             embedding row, which it also writes as the residual stream's start)
-  _decode_attention         q/k RMS norms (Qwen3), RoPE, the K/V cache write and split-KV single-query
-                            attention; the last program of each query head to finish combines the splits
+  _decode_attention         (decode_attention.py) q/k RMS norms (Qwen3), RoPE, the K/V cache write and
+                            split-KV single-query attention; the last program of a query head to finish combines
   _decode_gemv (residual)   o-projection GEMV added to the residual stream
   _decode_gemv (norm, glu)  RMSNorm, gate/up GEMV, SiLU(gate) * up
   _decode_gemv (residual)   down-projection GEMV added to the residual stream
@@ -35,7 +35,8 @@ import triton
 import triton.language as tl
 
 from ..bench import on
-from .kernels import COMBINE_CHUNK, _after_wait, _combine_splits, _launch_next, _qkv_heads, _wait, launches
+from .decode_attention import _decode_attention
+from .kernels import COMBINE_CHUNK, _after_wait, _launch_next, _wait, launches
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"          # Triton's CPU interpreter (tests)
 
@@ -108,74 +109,6 @@ def _gemv_output(x, res, w, u, g, eps, K: tl.constexpr, NORM: tl.constexpr, GLU:
 
 
 @triton.jit
-def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, ml_ptr,
-                      count_ptr, out_ptr, eps, scale, HQ: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
-                      S: tl.constexpr, P, CH: tl.constexpr, L, NORM: tl.constexpr, PDL: tl.constexpr,
-                      ROW: tl.constexpr):
-    """Program (a, s): query head a (of KV head h = a // G), splits s, s + P, s + 2P, ... of S positions of the
-    L-position cache up to the new position's. Older positions come from the cache, the new one from this step's k, v
-    (which h's first query head's program owning it caches). Each split's (max, sum, weighted V) is folded into the
-    program's running ones in split order while the next split's tile loads; the last of the P programs of a to finish
-    combines the live ones' in program order (up to P splits: one split a program, a one-level combination). ROW 1:
-    the second token of a two-token step, one position on, whose previous position the launch before this one (ROW
-    0) cached: its tile is read after the wait."""
-    _launch_next(PDL)
-    a, s, h = tl.program_id(0), tl.program_id(1), tl.program_id(0) // G
-    d = tl.arange(0, HD)
-    rot = (d + HD // 2) % HD
-    pos = tl.load(pos_ptr) + ROW                                  # the step's position, set before it began
-    cos = tl.load(cos_ptr + pos * HD + d).to(tl.float32)
-    sin = tl.load(sin_ptr + pos * HD + d).to(tl.float32)
-    qn, qn_rot = tl.load(qn_ptr + d), tl.load(qn_ptr + rot)       # weights: read before the wait too
-    kn, kn_rot = tl.load(kn_ptr + d), tl.load(kn_ptr + rot)
-    kc, vc = kc_ptr + h.to(tl.int64) * L * HD, vc_ptr + h.to(tl.int64) * L * HD
-    p = s * S + tl.arange(0, S)
-    if ROW == 0:                                                  # cached by earlier steps: read before the wait
-        kt, vt = _cache_tile(kc, vc, p, pos, d, HD)
-    _wait(PDL)                                                    # q, k, v of this step
-    if ROW == 1:
-        kt, vt = _cache_tile(kc, vc, p, pos, d, HD)
-    if s * S <= pos:                                              # programs past the new position: nothing to do
-        k, v, q = _qkv_heads(qkv_ptr, (HQ + h) * HD, (HQ + HQ // G + h) * HD, a * HD, kn, kn_rot, qn, qn_rot,
-                             cos, sin, eps, HD, NORM)
-        if (a % G == 0) & ((pos // S) % P == s):                  # the new position is ours: cache it
-            tl.store(kc + pos * HD + d, k)
-            tl.store(vc + pos * HD + d, v)
-        qf, vf = q.to(tl.float32), v.to(tl.float32)
-        sn = tl.sum(k.to(tl.float32) * qf, 0) * scale            # the new position apart from the cached tile
-        m, l, acc = tl.full((), -float("inf"), tl.float32), tl.zeros((), tl.float32), tl.zeros((HD,), tl.float32)
-        for b in range(s * S, pos + 1, P * S):                    # our splits that hold positions, from b
-            at = b + tl.arange(0, S)
-            k_next, v_next = _cache_tile(kc, vc, at + P * S, pos, d, HD)   # the next one's (none past pos)
-            ok = at <= pos
-            sc = tl.where(at == pos, sn, tl.sum(kt.to(tl.float32) * qf[None, :], 1) * scale)   # (its cached row: 0)
-            sc = tl.where(ok, sc, -float("inf"))
-            ms = tl.max(sc, 0)
-            e = tl.where(ok, tl.exp(sc - ms), 0.0)
-            vs = tl.sum(e[:, None] * vt.to(tl.float32), 0) + tl.where(pos < b + S, tl.exp(sn - ms), 0.0) * vf
-            top = tl.maximum(m, ms)                               # folded in: the split's own bits where it is
-            keep, w = tl.exp(m - top), tl.exp(ms - top)           # the first (keep 0, w 1)
-            acc, l, m = acc * keep + w * vs, l * keep + w * tl.sum(e, 0), top
-            kt, vt = k_next, v_next
-        tl.store(ml_ptr + (a * P + s) * 2, m)
-        tl.store(ml_ptr + (a * P + s) * 2 + 1, l)
-        tl.store(part_ptr + (a * P + s) * HD + d, acc)
-    tl.debug_barrier()                                            # partials stored before we count ourselves
-    if tl.atomic_add(count_ptr + a, 1) == P - 1:                  # acq_rel: the last sees every partial
-        tl.store(count_ptr + a, 0)
-        o = _combine_splits(ml_ptr, part_ptr, a * P, tl.minimum(pos // S + 1, P), d, CH)
-        tl.store(out_ptr + a * HD + d, o.to(out_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _cache_tile(kc, vc, p, pos, d, HD: tl.constexpr):
-    """K and V rows (S, HD) of positions p of one KV head's cache, zero from the new position on."""
-    old = (p < pos)[:, None]
-    return (tl.load(kc + p[:, None] * HD + d[None, :], mask=old, other=0.0),
-            tl.load(vc + p[:, None] * HD + d[None, :], mask=old, other=0.0))
-
-
-@triton.jit
 def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
     """The final RMSNorm of token t's residual stream, program t (the head's kernels may launch at once: see
     kernels.py)."""
@@ -205,6 +138,7 @@ TILE_BYTES = 8192               # weights a warp of a GEMV program holds
 GEMV_WARPS = {"qkv": 1, "o": 2, "gate_up": 2, "down": 4}
 SPLIT, ATTENTION_WARPS = 16, 1
 PROGRAMS = 64                   # attention programs a query head at most (longer caches: several splits each)
+FOLD = 2                        # further splits a program loads at once (longer caches)
 LATE_ACTIVATIONS = {"o"}        # GEMVs whose activation reads wait for their first weights (_after_wait)
 GEMVS = {"qkv": (True, False, False), "o": (False, False, True),   # (norm, glu, residual) of each GEMV
          "gate_up": (True, True, False), "down": (False, False, True)}
@@ -237,7 +171,8 @@ class FusedDecode:
     capturable."""
 
     def __init__(self, runner, tile_bytes: int = TILE_BYTES, warps: dict = GEMV_WARPS, split: int = SPLIT,
-                 attention_warps: int = ATTENTION_WARPS, programs: int = PROGRAMS):
+                 attention_warps: int = ATTENTION_WARPS, programs: int = PROGRAMS,
+                 fold: int = FOLD):
         cfg, dev, dt = runner.model.config, runner.device, runner.dtype
         att = runner.layers[0].self_attn
         self.runner, self.eps = runner, cfg.rms_norm_eps
@@ -248,6 +183,7 @@ class FusedDecode:
         self.attention_opts = launches(dev, attention_warps)[1]
         D, inter, L = cfg.hidden_size, cfg.intermediate_size, runner.cache.k.shape[3]
         self.split, self.programs = split, min(triton.cdiv(L, split), programs)   # attention programs a query head
+        self.fold = fold
         empty = lambda *shape, dtype=dt: torch.zeros(shape, dtype=dtype, device=dev)
         self.x, self.out = empty(2, D), empty(1, 2, D)                        # the step's activations, a row a
         self.qkv = empty(2, (self.hq + 2 * self.hkv) * self.hd)                # token
@@ -300,7 +236,7 @@ class FusedDecode:
             self.qkv[t], qn, kn, r.cos, r.sin, k_cache, v_cache, start, self.part, self.ml, self.count, self.attn[t],
             self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.hd, self.split, self.programs,
             min(triton.next_power_of_2(self.programs), COMBINE_CHUNK), k_cache.shape[2], self.qk_norm, self.pdl, t,
-            **self.attention_opts)
+            self.fold, **self.attention_opts)
 
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 0.15}
