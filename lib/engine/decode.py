@@ -134,6 +134,10 @@ def _decode_norm(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, 
 # issued once its first weights have landed (LATE_ACTIVATIONS), its programs then of 2 warps: on one H200, body
 # 442.0 -> 416.8 us at position 38 (late_ab.py); down in 4-warp programs: 415.8 -> 404.6 us; block 0.502 -> 0.493 ms
 # dense, 0.436 -> 0.426 FlashHead (bf16: the same bits).
+# Long caches (one H200, the dense draft's K = 6 block, ms a token, attn_ab.py): a program a split 1.433 at position
+# 8,192, 64 programs a query head folding 2 further splits at a time 0.960 (1 at a time 1.356, 32 programs 1.204);
+# 0.745 -> 0.698 at 2,048; at notebook 02's cache (21 splits) 0.509 before, 0.511 with no fold, 0.519 with FOLD = 2
+# compiled in (its loop never runs there), hence no fold where no program has a second split.
 TILE_BYTES = 8192               # weights a warp of a GEMV program holds
 GEMV_WARPS = {"qkv": 1, "o": 2, "gate_up": 2, "down": 4}
 SPLIT, ATTENTION_WARPS = 16, 1
@@ -183,7 +187,8 @@ class FusedDecode:
         self.attention_opts = launches(dev, attention_warps)[1]
         D, inter, L = cfg.hidden_size, cfg.intermediate_size, runner.cache.k.shape[3]
         self.split, self.programs = split, min(triton.cdiv(L, split), programs)   # attention programs a query head
-        self.fold = fold
+        self.fold = fold if self.programs < triton.cdiv(L, split) else 1   # else no program has a second split:
+                                                                            # the straight-line code alone (faster)
         empty = lambda *shape, dtype=dt: torch.zeros(shape, dtype=dtype, device=dev)
         self.x, self.out = empty(2, D), empty(1, 2, D)                        # the step's activations, a row a
         self.qkv = empty(2, (self.hq + 2 * self.hkv) * self.hd)                # token
