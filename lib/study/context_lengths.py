@@ -6,9 +6,9 @@ up to it: at a long enough context the draft's step is mostly attention, and the
 what FlashHead saves, shrinks. Beside each time: the bytes the call must read (weights, heads, the cache) and, on a
 GPU, that many bytes at the measured copy bandwidth (the floor). The caches hold zeros (the arithmetic, not the
 values, sets a call's time). Each position gets engines of its own, their caches sized as the engine sizes them
-for a prompt that long, since the fused draft step launches a program for every split of its cache (one H200, the
-two_gpu draft: a K = 6 block at position 64 took 0.77 ms a token in a cache of 8,270 positions, against 0.49 at
-position 38 in one of 334). Saved as context.json; notebook 04 turns it into PROJECTIONS with the end-to-end run's
+for a prompt that long, as a call's cost may follow its cache's length, not only the position (one H200, the h100
+draft before its attention took at most 64 programs a query head: a K = 6 block at position 64 cost 0.79 ms a token
+in a cache of 8,270 positions, 0.53 after, 0.49 in one of 334). Saved as context.json; notebook 04 turns it into PROJECTIONS with the end-to-end run's
 acceptance (lib/costmodel.context_projection)."""
 from __future__ import annotations
 
