@@ -68,6 +68,28 @@ def test_rows_in_the_first_split_written_directly_are_the_combined_bits(n, start
     assert torch.equal(direct, layer_kernels.cached_attention(q, k, v, pos, direct=False))
 
 
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_padding_row_attends_nothing_and_leaves_the_other_rows_bits(direct):
+    """Rows at position -1 (a batch-invariant call's padding, runner.py): output zeros, no cache read; the real
+    rows bitwise as in a call without them."""
+    q, k, v, pos = case(4, 300, seed=3)
+    padded = layer_kernels.cached_attention(q, k, v, torch.tensor([300, 301, -1, -1]), direct=direct)
+    assert not padded[:, 2:].any()
+    assert torch.equal(padded[:, :2], layer_kernels.cached_attention(q[:, :, :2], k, v, pos[:2], direct=direct))
+
+
+def test_a_padded_call_marks_its_padding_rows_for_the_kernel(pair, monkeypatch):
+    seen = []
+    attend = layer_kernels.TritonLayer.attend
+    monkeypatch.setattr(layer_kernels.TritonLayer, "attend", staticmethod(lambda *a: seen.append(a[3]) or attend(*a)))
+    plain, padded = Runner(pair[0], 40), Runner(pair[0], 40, Acceleration(rows=5, triton_layers=True))
+    ids = torch.randint(3, 500, (1, 14), generator=torch.Generator().manual_seed(7))
+    for r in (plain, padded):
+        r.prefill(ids[:, :12])
+    got, want = padded.greedy(ids[:, 12:], 12), plain.greedy(ids[:, 12:], 12)
+    assert torch.equal(seen[-1], torch.tensor([12, 13, -1, -1, -1])) and torch.equal(got, want)
+
+
 def test_bad_shapes_say_what_is_wrong():
     q, k, v, pos = case(2, 10)
     with pytest.raises(ValueError, match="5 query heads over 2 KV heads"):

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple, kernels=None) -> torch.Tensor:
     """One decoder layer (Qwen3: q/k RMS norms; Llama: none) on x (1,n,D) at = (positions pos (n,), mask, cos,
     sin), writing K/V into the static cache kv = (k_cache, v_cache), (1,Hkv,max_len,hd) each; mask (n,max_len)
-    allows each query its own and earlier positions (SDPA's); cos, sin (n,hd) the rotary tables at pos. kernels:
-    lib/engine/layer_kernels.py's TritonLayer in place of SDPA, the norm modules and RoPE."""
+    allows each query its own and earlier positions (SDPA's), or with kernels gives each query's last position (n,),
+    -1 for a padding row; cos, sin (n,hd) the rotary tables at pos. kernels: lib/engine/layer_kernels.py's
+    TritonLayer in place of SDPA, the norm modules and RoPE."""
     (pos, mask, cos, sin), (k_cache, v_cache) = at, kv
     att = layer.self_attn
     n = x.shape[1]
@@ -22,7 +23,7 @@ def layer_forward(layer, fused: dict, x: torch.Tensor, at: tuple, kv: tuple, ker
     else:
         q = rope_cache(att, fused, h, cos, sin, kv, pos)
     if kernels:                                                                             # o: (1,n,heads,hd)
-        o = kernels.attend(q, k_cache, v_cache, pos)
+        o = kernels.attend(q, k_cache, v_cache, mask)
         x, h = kernels.add_norm(layer.post_attention_layernorm, x, project(att.o_proj, o.reshape(1, n, -1)))
     else:
         o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,

@@ -65,6 +65,11 @@ def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, 
     g, d = tl.arange(0, GP), tl.arange(0, HD)
     heads, real = h * G + g, g < G                               # GP >= 16 rows for the dot: G real ones
     pos = tl.load(pos_ptr + r)
+    if pos < 0:                                                  # a padding row (runner.py): attends nothing,
+        if s == 0:                                               # its output zeros (finite, unread)
+            zero = tl.zeros((GP, HD), out_ptr.dtype.element_ty)
+            tl.store(out_ptr + (r * HQ + heads)[:, None] * HD + d[None, :], zero, mask=real[:, None])
+        return
     q = tl.load(q_ptr + heads[:, None] * sq_h + r * sq_n + d[None, :], mask=real[:, None], other=0.0)
     k_at, v_at = k_ptr + h.to(tl.int64) * sk_h, v_ptr + h.to(tl.int64) * sk_h
     m = tl.full((GP,), -float("inf"), tl.float32)
@@ -115,8 +120,9 @@ def supported(device: torch.device, head_dim: int) -> str:
 def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                      split: int = SPLIT, block: int = BLOCK, direct: bool = DIRECT) -> torch.Tensor:
     """q (1, HQ, n, hd) of queries at positions pos (n,) over caches (1, Hkv, L, hd), each query attending its own
-    and earlier positions -> (1, n, HQ, hd) in q's dtype (the layout the o-projection reads). direct=False combines
-    every row's splits (the tests' reference for the direct rows)."""
+    and earlier positions (at -1: a padding row, attending nothing, its output zeros) -> (1, n, HQ, hd) in q's dtype
+    (the layout the o-projection reads). direct=False combines every row's splits (the tests' reference for the
+    direct rows)."""
     _, HQ, n, HD = q.shape
     Hkv, L = k_cache.shape[1], k_cache.shape[2]
     if HQ % Hkv or HD & (HD - 1) or split % block or k_cache.shape != v_cache.shape:

@@ -59,8 +59,10 @@ class Runner:
     call length n is captured once in a CUDA graph and replayed (graphs=True on CUDA); on a CPU the
     same code runs eagerly. n_layers < the model's depth runs an early-exit body (its first n_layers,
     then the final norm). Every call is recorded on `clock` as a span named after `role`. With accel.rows the
-    calls are batch-invariant (Acceleration); the padding rows write K/V past the real ones, into positions the
-    next real tokens overwrite before any query reads them (the cache has accel.rows spare positions).
+    calls are batch-invariant (Acceleration); the padding rows (ids -1, looked up as token 0) write K/V past the real
+    ones, into positions the next real tokens overwrite before any query reads them (the cache has accel.rows spare
+    positions), and through the Triton layer kernels attend nothing (in a long cache their attention was most of a
+    one-token call's).
     """
 
     def __init__(self, model, max_len: int, accel: Acceleration = Acceleration(), role: str = "model",
@@ -96,8 +98,11 @@ class Runner:
             return self.decode(ids, start)              # acceptance, each weight read once for both
         pos = start + self.arange[:n]                                                       # (n,)
         kernels = self.kernels if n <= TRITON_LAYER_ROWS else None
-        mask = None if kernels else self.arange[None, :] <= pos[:, None]                     # (n,max_len) causal
-        x = self.body.embed_tokens(ids)
+        if kernels:                             # their mask: each row's last position, -1 for a padding row (_run)
+            mask = torch.where(ids[0] >= 0, pos, -1) if self.rows else pos
+        else:
+            mask = self.arange[None, :] <= pos[:, None]                                     # (n,max_len) causal
+        x = self.body.embed_tokens(ids.clamp_min(0) if self.rows else ids)
         at = (pos, mask, self.cos[pos], self.sin[pos])                                      # cos, sin: (n,hd)
         compiled = compiled and self._layer is not None                                     # eager for any-length prefill
         fn = self._layer if compiled else layer_forward
@@ -154,7 +159,7 @@ class Runner:
             raise ValueError(f"KV cache of {self.max_len} positions cannot hold {start + n}")
         if m == n:
             return self._call(kind, ids, start, graph)
-        out = self._call(kind, F.pad(ids, (0, m - n)), start, graph)                    # batch-invariant: fixed rows
+        out = self._call(kind, F.pad(ids, (0, m - n), value=-1), start, graph)          # batch-invariant: fixed rows
         return out[:, :n] if kind == "hidden" else out[:n]
 
     def _call(self, kind: str, ids: torch.Tensor, start: int | torch.Tensor, graph: bool) -> torch.Tensor:
