@@ -7,9 +7,10 @@ steps). Each is a custom op, so the compiled layer calls it without a graph brea
 Attention: program (h, r, s) takes the G query heads that share KV head h, for query row r, over the cache
 positions of split s (S positions from s*S) up to the row's own position (causal): scores of the (G, hd) query
 tile against BL positions at a time on the tensor cores, an online softmax in fp32, then (max, sum, weighted V)
-stored per query head. The last of a (h, r)'s NS programs to finish (a counter) combines the splits in split order;
-a row whose positions all lie in the first split (position < S: most of the study's) is written by that split's
-program at once, acc / l, bitwise what combining one split gives, with no partials, counter or combination. One
+stored per query head (a padding row, at position -1, reads nothing and gets zeros). The last of a (h, r)'s NS
+programs to finish (a counter) combines the splits in split order; a row whose positions all lie in the first
+split (position < S: most of the study's) is written by that split's program at once, acc / l, bitwise what
+combining one split gives, with no partials, counter or combination. One
 H200, h100awq's target step at position 38, three runners each, interleaved: 8.35-8.38 -> 8.01-8.05 ms for one
 token, 8.29-8.31 -> 7.95-7.97 for a verify of 8 (devtmp/direct_ab.py, twenty-fourth session).
 Splits and blocks are fixed positions, every reduction runs in a fixed order, and nothing a program computes
