@@ -186,9 +186,10 @@ class FusedDecode:
         self.gemv_opts = {name: launches(dev, w)[1] for name, w in warps.items()}
         self.attention_opts = launches(dev, attention_warps)[1]
         D, inter, L = cfg.hidden_size, cfg.intermediate_size, runner.cache.k.shape[3]
-        self.split, self.programs = split, min(triton.cdiv(L, split), programs)   # attention programs a query head
-        self.fold = fold if self.programs < triton.cdiv(L, split) else 1   # else no program has a second split:
-                                                                            # the straight-line code alone (faster)
+        splits = triton.cdiv(L, split)
+        self.split, self.programs = split, min(splits, programs)              # attention programs a query head
+        self.fold = fold if self.programs < splits else 1     # else no program has a second split: the straight-line
+                                                              # code alone (faster)
         empty = lambda *shape, dtype=dt: torch.zeros(shape, dtype=dtype, device=dev)
         self.x, self.out = empty(2, D), empty(1, 2, D)                        # the step's activations, a row a
         self.qkv = empty(2, (self.hq + 2 * self.hkv) * self.hd)                # token

@@ -66,10 +66,10 @@ def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, 
     g, d = tl.arange(0, GP), tl.arange(0, HD)
     heads, real = h * G + g, g < G                               # GP >= 16 rows for the dot: G real ones
     pos = tl.load(pos_ptr + r)
+    out_at = out_ptr + (r * HQ + heads)[:, None] * HD + d[None, :]   # the row's output, (GP, HD)
     if pos < 0:                                                  # a padding row (runner.py): attends nothing,
         if s == 0:                                               # its output zeros (finite, unread)
-            zero = tl.zeros((GP, HD), out_ptr.dtype.element_ty)
-            tl.store(out_ptr + (r * HQ + heads)[:, None] * HD + d[None, :], zero, mask=real[:, None])
+            tl.store(out_at, tl.zeros((GP, HD), out_ptr.dtype.element_ty), mask=real[:, None])
         return
     q = tl.load(q_ptr + heads[:, None] * sq_h + r * sq_n + d[None, :], mask=real[:, None], other=0.0)
     k_at, v_at = k_ptr + h.to(tl.int64) * sk_h, v_ptr + h.to(tl.int64) * sk_h
@@ -93,8 +93,7 @@ def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, 
     if DIRECT and pos < S:                                       # split 0 holds every position the row sees:
         if s == 0:                                               # its output is acc / l, what the combination
             o = acc / l[:, None]                                 # of one split gives bitwise; no partials, no count
-            tl.store(out_ptr + (r * HQ + heads)[:, None] * HD + d[None, :], o.to(out_ptr.dtype.element_ty),
-                     mask=real[:, None])
+            tl.store(out_at, o.to(out_ptr.dtype.element_ty), mask=real[:, None])
         return
     at = (r * HQ + heads) * NS + s                               # (row, head, split): a split past pos stores
     tl.store(ml_ptr + at * 2, m, mask=real)                      # max -inf, sum 0, weighted V 0
