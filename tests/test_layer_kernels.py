@@ -12,14 +12,14 @@ import torch.nn.functional as F
 from interpreted import interpreter_env, interpreter_or_skip  # noqa: F401 (interpreter_env: an autouse fixture)
 
 interpreter_or_skip()
-from lib.engine import layer_kernels  # noqa: E402
+from lib.engine import layer_attention, layer_kernels  # noqa: E402
 from lib.engine import runner as runner_module  # noqa: E402
 from lib.engine.runner import Acceleration, Runner  # noqa: E402
 from lib.engine.speculative import Request, generate_baseline, generate_speculative  # noqa: E402
 from lib.models.build import make_draft, make_target  # noqa: E402
 from lib.engine.heads import DenseHead  # noqa: E402
 
-HQ, HKV, HD, L = 6, 2, 32, 600                        # 3 query heads a KV head; 3 splits of layer_kernels.SPLIT
+HQ, HKV, HD, L = 6, 2, 32, 600                        # 3 query heads a KV head; 3 splits of layer_attention.SPLIT
 
 
 def case(n: int, start: int, seed: int = 0):
@@ -29,15 +29,23 @@ def case(n: int, start: int, seed: int = 0):
     return q, k, v, start + torch.arange(n)
 
 
+@pytest.fixture(params=[1, 2, 8])
+def rows(request, monkeypatch):
+    """Query rows an attention program takes (layer_attention.ROWS): 1 or 2 fill a 16-row query tile at 3 query
+    heads a KV head, 8 a 32-row one."""
+    monkeypatch.setattr(layer_attention, "ROWS", request.param)
+    return request.param
+
+
 def sdpa(q, k, v, pos):
     mask = torch.arange(k.shape[2])[None, :] <= pos[:, None]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2)
 
 
 @pytest.mark.parametrize("n, start", [(1, 0), (1, 255), (5, 252), (8, 400), (3, 597)])
-def test_attention_is_sdpa_over_the_causal_positions(n, start):
+def test_attention_is_sdpa_over_the_causal_positions(n, start, rows):
     q, k, v, pos = case(n, start)
-    got = layer_kernels.cached_attention(q, k, v, pos)
+    got = layer_attention.cached_attention(q, k, v, pos)
     assert got.shape == (1, n, HQ, HD)
     torch.testing.assert_close(got, sdpa(q, k, v, pos), rtol=1e-5, atol=1e-5)
 
@@ -45,37 +53,50 @@ def test_attention_is_sdpa_over_the_causal_positions(n, start):
 def test_a_long_cache_combines_its_splits_in_chunks(monkeypatch):
     """75 splits of 8 positions: the combination reads them 32 at a time (kernels.COMBINE_CHUNK), 3 chunks."""
     q, k, v, pos = case(2, 590)
-    got = layer_kernels.cached_attention(q, k, v, pos, split=8, block=8)
+    got = layer_attention.cached_attention(q, k, v, pos, split=8, block=8)
     torch.testing.assert_close(got, sdpa(q, k, v, pos), rtol=1e-5, atol=1e-5)
-    monkeypatch.setattr(layer_kernels, "COMBINE_CHUNK", 128)                 # one chunk: the same output
-    torch.testing.assert_close(layer_kernels.cached_attention(q, k, v, pos, split=8, block=8), got, rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr(layer_attention, "COMBINE_CHUNK", 128)               # one chunk: the same output
+    torch.testing.assert_close(layer_attention.cached_attention(q, k, v, pos, split=8, block=8), got, rtol=1e-6,
+                               atol=1e-6)
 
 
-def test_a_row_is_the_same_bits_at_any_index_and_in_a_call_of_any_length():
+def test_a_row_is_the_same_bits_at_any_index_and_in_a_call_of_any_length(rows):
+    """Rows a program takes share its query tile, each masked at its own position: a row's bits do not depend on
+    its neighbours (rows 252-259 cross the first split's end, so some programs see rows on both sides of it)."""
     q, k, v, pos = case(8, 252, seed=1)
-    whole = layer_kernels.cached_attention(q, k, v, pos)
-    flipped = layer_kernels.cached_attention(q.flip(2), k, v, pos.flip(0))
+    whole = layer_attention.cached_attention(q, k, v, pos)
+    flipped = layer_attention.cached_attention(q.flip(2), k, v, pos.flip(0))
     assert torch.equal(flipped, whole.flip(1))
     for r in (0, 3, 7):
-        alone = layer_kernels.cached_attention(q[:, :, r:r + 1], k, v, pos[r:r + 1])
+        alone = layer_attention.cached_attention(q[:, :, r:r + 1], k, v, pos[r:r + 1])
         assert torch.equal(alone[:, 0], whole[:, r])
 
 
+def test_two_rows_a_program_are_one_rows_bits_where_the_tile_keeps_its_shape(monkeypatch):
+    """3 query heads a KV head: one row or two fill the same 16-row query tile, so the products are the same."""
+    q, k, v, pos = case(8, 252, seed=1)
+    monkeypatch.setattr(layer_attention, "ROWS", 2)
+    two = layer_attention.cached_attention(q, k, v, pos)
+    monkeypatch.setattr(layer_attention, "ROWS", 1)
+    assert torch.equal(two, layer_attention.cached_attention(q, k, v, pos))
+
+
 @pytest.mark.parametrize("n, start", [(1, 0), (5, 100), (8, 250)])
-def test_rows_in_the_first_split_written_directly_are_the_combined_bits(n, start):
+def test_rows_in_the_first_split_written_directly_are_the_combined_bits(n, start, rows):
     q, k, v, pos = case(n, start, seed=2)
-    direct = layer_kernels.cached_attention(q, k, v, pos, direct=True)
-    assert torch.equal(direct, layer_kernels.cached_attention(q, k, v, pos, direct=False))
+    direct = layer_attention.cached_attention(q, k, v, pos, direct=True)
+    assert torch.equal(direct, layer_attention.cached_attention(q, k, v, pos, direct=False))
 
 
 @pytest.mark.parametrize("direct", [True, False])
-def test_a_padding_row_attends_nothing_and_leaves_the_other_rows_bits(direct):
+def test_a_padding_row_attends_nothing_and_leaves_the_other_rows_bits(direct, rows):
     """Rows at position -1 (a batch-invariant call's padding, runner.py): output zeros, no cache read; the real
     rows bitwise as in a call without them."""
     q, k, v, pos = case(4, 300, seed=3)
-    padded = layer_kernels.cached_attention(q, k, v, torch.tensor([300, 301, -1, -1]), direct=direct)
+    padded = layer_attention.cached_attention(q, k, v, torch.tensor([300, 301, -1, -1]), direct=direct)
     assert not padded[:, 2:].any()
-    assert torch.equal(padded[:, :2], layer_kernels.cached_attention(q[:, :, :2], k, v, pos[:2], direct=direct))
+    got = layer_attention.cached_attention(q[:, :, :2], k, v, pos[:2], direct=direct)
+    assert torch.equal(padded[:, :2], got)
 
 
 def test_a_padded_call_marks_its_padding_rows_for_the_kernel(pair, monkeypatch):
@@ -93,9 +114,9 @@ def test_a_padded_call_marks_its_padding_rows_for_the_kernel(pair, monkeypatch):
 def test_bad_shapes_say_what_is_wrong():
     q, k, v, pos = case(2, 10)
     with pytest.raises(ValueError, match="5 query heads over 2 KV heads"):
-        layer_kernels.cached_attention(q[:, :5], k, v, pos)
+        layer_attention.cached_attention(q[:, :5], k, v, pos)
     with pytest.raises(ValueError, match="contiguous per KV head"):
-        layer_kernels.cached_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, pos)
+        layer_attention.cached_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, pos)
 
 
 @pytest.mark.parametrize("add", [False, True])

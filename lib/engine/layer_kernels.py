@@ -4,21 +4,7 @@ GPU, in place of what torch.compile makes of the layer there: attention of n que
 residual add (instead of inductor's looped reduction, a few programs that each walk a row in several dependent
 steps). Each is a custom op, so the compiled layer calls it without a graph break.
 
-Attention: program (h, r, s) takes the G query heads that share KV head h, for query row r, over the cache
-positions of split s (S positions from s*S) up to the row's own position (causal): scores of the (G, hd) query
-tile against BL positions at a time on the tensor cores, an online softmax in fp32, then (max, sum, weighted V)
-stored per query head (a padding row, at position -1, reads nothing and gets zeros). The last of a (h, r)'s NS
-programs to finish (a counter) combines the splits in split order; a row whose positions all lie in the first
-split (position < S: most of the study's) is written by that split's program at once, acc / l, bitwise what
-combining one split gives, with no partials, counter or combination. One
-H200, h100awq's target step at position 38, three runners each, interleaved: 8.35-8.38 -> 8.01-8.05 ms for one
-token, 8.29-8.31 -> 7.95-7.97 for a verify of 8 (devtmp/direct_ab.py, twenty-fourth session).
-Splits and blocks are fixed positions, every reduction runs in a fixed order, and nothing a program computes
-depends on the other rows: a row's output is bitwise the same at any row index and in a call of any length,
-and blocks past a row's position are not read, so the cost follows the positions in use, not the cache's length.
-Launch settings: on one H100 (8 rows at the 32B target's heads, 342 cache positions; devtmp sweep of split 64-256,
-block 32-128, 2-8 warps, recorded in the README) splits of 256 in blocks of 128 with 4 warps were fastest, 9.5 us a
-call in a graph against 13.4 for splits of 128 in blocks of 64 and 19.9 for SDPA.
+Attention (cached_attention): lib/engine/layer_attention.py.
 
 q/k norms, RoPE and the cache write (rope_cache): one program a query head and row, in place of the two kernels
 torch.compile made of them; on one H100 (h100awq target step, 8 rows, interleaved; experiment record in the README)
@@ -46,66 +32,11 @@ import triton
 import triton.language as tl
 
 from ..bench import on
-from .kernels import COMBINE_CHUNK, _combine_splits, _launch_next, _qkv_heads, _wait, counters, launches
+from . import layer_attention  # noqa: F401 (registers study::cached_attention)
+from .kernels import _launch_next, _qkv_heads, _wait, launches
 
-SPLIT = 256                     # cache positions an attention program takes
-BLOCK = 128                     # positions a step of its loop scores
-WARPS = 4
-DIRECT = True                   # a row within the first split written by its program (no combination)
 NORM_WARPS = 8
 GLU_BLOCK, GLU_WARPS = 1024, 4  # columns a SiLU-mul program takes
-
-
-@triton.jit
-def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, out_ptr, scale, sq_h, sq_n,
-                     sk_h, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, S: tl.constexpr,
-                     BL: tl.constexpr, NS: tl.constexpr, CH: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
-                     DIRECT: tl.constexpr):
-    _wait(PDL)                                                   # q and the cache written by the kernel before
-    h, r, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    g, d = tl.arange(0, GP), tl.arange(0, HD)
-    heads, real = h * G + g, g < G                               # GP >= 16 rows for the dot: G real ones
-    pos = tl.load(pos_ptr + r)
-    out_at = out_ptr + (r * HQ + heads)[:, None] * HD + d[None, :]   # the row's output, (GP, HD)
-    if pos < 0:                                                  # a padding row (runner.py): attends nothing,
-        if s == 0:                                               # its output zeros (finite, unread)
-            tl.store(out_at, tl.zeros((GP, HD), out_ptr.dtype.element_ty), mask=real[:, None])
-        return
-    q = tl.load(q_ptr + heads[:, None] * sq_h + r * sq_n + d[None, :], mask=real[:, None], other=0.0)
-    k_at, v_at = k_ptr + h.to(tl.int64) * sk_h, v_ptr + h.to(tl.int64) * sk_h
-    m = tl.full((GP,), -float("inf"), tl.float32)
-    l = tl.zeros((GP,), tl.float32)
-    acc = tl.zeros((GP, HD), tl.float32)
-    for b in range(s * S, tl.minimum(s * S + S, pos + 1), BL):   # blocks of positions this row may see
-        p = b + tl.arange(0, BL)
-        ok = p <= pos
-        kt = tl.load(k_at + p[:, None] * HD + d[None, :], mask=ok[:, None], other=0.0)
-        vt = tl.load(v_at + p[:, None] * HD + d[None, :], mask=ok[:, None], other=0.0)
-        sc = tl.dot(q, tl.trans(kt), input_precision=PREC) * scale
-        sc = tl.where(ok[None, :], sc, -float("inf"))
-        top = tl.maximum(m, tl.max(sc, 1))                       # finite: a block holds position b <= pos
-        e = tl.exp(sc - top[:, None])
-        keep = tl.exp(m - top)                                   # 0 before the first block
-        l = l * keep + tl.sum(e, 1)
-        acc = acc * keep[:, None] + tl.dot(e.to(vt.dtype), vt, input_precision=PREC)
-        m = top
-    _launch_next(PDL)                                            # our scores done: the o-projection may launch
-    if DIRECT and pos < S:                                       # split 0 holds every position the row sees:
-        if s == 0:                                               # its output is acc / l, what the combination
-            o = acc / l[:, None]                                 # of one split gives bitwise; no partials, no count
-            tl.store(out_at, o.to(out_ptr.dtype.element_ty), mask=real[:, None])
-        return
-    at = (r * HQ + heads) * NS + s                               # (row, head, split): a split past pos stores
-    tl.store(ml_ptr + at * 2, m, mask=real)                      # max -inf, sum 0, weighted V 0
-    tl.store(ml_ptr + at * 2 + 1, l, mask=real)
-    tl.store(part_ptr + at[:, None] * HD + d[None, :], acc, mask=real[:, None])
-    tl.debug_barrier()                                           # partials stored before we count ourselves
-    tile = r * tl.num_programs(0) + h
-    if tl.atomic_add(count_ptr + tile, 1) == NS - 1:             # acq_rel: the last sees every partial
-        tl.store(count_ptr + tile, 0)                            # ready for the next call
-        for j in tl.static_range(G):                             # the splits that hold positions
-            o = _combine_splits(ml_ptr, part_ptr, (r * HQ + h * G + j) * NS, pos // S + 1, d, CH)
-            tl.store(out_ptr + (r * HQ + h * G + j) * HD + d, o.to(out_ptr.dtype.element_ty))
 
 
 def supported(device: torch.device, head_dim: int) -> str:
@@ -115,45 +46,6 @@ def supported(device: torch.device, head_dim: int) -> str:
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return "no GPU (and not under TRITON_INTERPRET=1)"
     return ""
-
-
-def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
-                     split: int = SPLIT, block: int = BLOCK, direct: bool = DIRECT) -> torch.Tensor:
-    """q (1, HQ, n, hd) of queries at positions pos (n,) over caches (1, Hkv, L, hd), each query attending its own
-    and earlier positions (at -1: a padding row, attending nothing, its output zeros) -> (1, n, HQ, hd) in q's dtype
-    (the layout the o-projection reads). direct=False combines every row's splits (the tests' reference for the
-    direct rows)."""
-    _, HQ, n, HD = q.shape
-    Hkv, L = k_cache.shape[1], k_cache.shape[2]
-    if HQ % Hkv or HD & (HD - 1) or split % block or k_cache.shape != v_cache.shape:
-        raise ValueError(f"cached_attention: {HQ} query heads over {Hkv} KV heads, head_dim {HD} (a power of two), "
-                         f"split {split} (a multiple of {block}), caches {tuple(k_cache.shape)} {tuple(v_cache.shape)}")
-    if k_cache.stride()[1:] != (L * HD, HD, 1) or v_cache.stride() != k_cache.stride():
-        raise ValueError("cached_attention: the caches must be contiguous per KV head")
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    G, ns = HQ // Hkv, triton.cdiv(L, split)
-    out = torch.empty(1, n, HQ, HD, dtype=q.dtype, device=q.device)
-    part = torch.empty(n, HQ, ns, HD, dtype=torch.float32, device=q.device)
-    ml = torch.empty(n, HQ, ns, 2, dtype=torch.float32, device=q.device)
-    count = counters(q.device, n * Hkv, "attention")
-    pdl, opts = launches(q.device, WARPS)
-    with on(q.device):                                           # Triton launches on the current device
-        _layer_attention[(Hkv, n, ns)](q, k_cache, v_cache, pos, part, ml, count, out, HD ** -0.5, q.stride(1),
-                                       q.stride(2), L * HD, HQ, G, max(16, triton.next_power_of_2(G)), HD, split,
-                                       block, ns, min(triton.next_power_of_2(ns), COMBINE_CHUNK),
-                                       "ieee" if q.dtype == torch.float32 else "tf32", pdl, direct, **opts)
-    return out
-
-
-@torch.library.custom_op("study::cached_attention", mutates_args=())
-def _cached_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         pos: torch.Tensor) -> torch.Tensor:
-    return cached_attention(q, k_cache, v_cache, pos)
-
-
-@_cached_attention_op.register_fake
-def _(q, k_cache, v_cache, pos):
-    return q.new_empty(1, q.shape[2], q.shape[1], q.shape[3])
 
 
 @triton.jit
@@ -316,7 +208,7 @@ class TritonLayer:
 
     @staticmethod
     def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """(1, n, HQ, hd), see cached_attention."""
+        """(1, n, HQ, hd), see layer_attention.cached_attention."""
         return torch.ops.study.cached_attention(q, k_cache, v_cache, pos)
 
     @staticmethod
