@@ -37,6 +37,18 @@ def rows(request, monkeypatch):
     return request.param
 
 
+@pytest.mark.parametrize("direct", [True, False])
+def test_splits_combined_by_a_kernel_of_their_own_are_the_last_programs_bits(monkeypatch, direct):
+    q, k, v, pos = case(8, 252, seed=4)
+    last = layer_attention.cached_attention(q, k, v, pos, direct=direct)
+    monkeypatch.setattr(layer_attention, "SEPARATE", True)
+    assert torch.equal(layer_attention.cached_attention(q, k, v, pos, direct=direct), last)
+    q, k, v, pos = case(2, 590, seed=4)                      # 75 splits, combined in 3 chunks
+    last = layer_attention.cached_attention(q, k, v, pos, split=8, block=8, direct=direct)
+    monkeypatch.setattr(layer_attention, "SEPARATE", False)
+    assert torch.equal(layer_attention.cached_attention(q, k, v, pos, split=8, block=8, direct=direct), last)
+
+
 def sdpa(q, k, v, pos):
     mask = torch.arange(k.shape[2])[None, :] <= pos[:, None]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2)

@@ -35,6 +35,8 @@ SPLIT = 256                     # cache positions an attention program takes
 BLOCK = 128                     # positions a step of its loop scores
 ROWS = 1                        # query rows a program takes
 WARPS = 4
+SEPARATE = False                # splits combined by a kernel of their own (True) or a tile's last program
+COMBINE_WARPS = 4
 DIRECT = True                   # a row within the first split written by its program (no combination)
 
 
@@ -42,7 +44,7 @@ DIRECT = True                   # a row within the first split written by its pr
 def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, out_ptr, scale, sq_h, sq_n,
                      sk_h, N, HQ: tl.constexpr, G: tl.constexpr, R: tl.constexpr, M: tl.constexpr,
                      HD: tl.constexpr, S: tl.constexpr, BL: tl.constexpr, NS: tl.constexpr, CH: tl.constexpr,
-                     PREC: tl.constexpr, PDL: tl.constexpr, DIRECT: tl.constexpr):
+                     PREC: tl.constexpr, PDL: tl.constexpr, DIRECT: tl.constexpr, LAST: tl.constexpr):
     _wait(PDL)                                                   # q and the cache written by the kernel before
     h, t, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i, d = tl.arange(0, M), tl.arange(0, HD)                     # M >= 16 tile rows for the dot: R*G real ones
@@ -85,6 +87,8 @@ def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, 
     tl.store(ml_ptr + at * 2, m, mask=combined)                  # max -inf, sum 0, weighted V 0
     tl.store(ml_ptr + at * 2 + 1, l, mask=combined)
     tl.store(part_ptr + at[:, None] * HD + d[None, :], acc, mask=combined[:, None])
+    if not LAST:                                                 # _combine_rows combines them
+        return
     tl.debug_barrier()                                           # partials stored before we count ourselves
     tile = t * tl.num_programs(0) + h
     if tl.atomic_add(count_ptr + tile, 1) == NS - 1:             # acq_rel: the last sees every partial
@@ -95,6 +99,21 @@ def _layer_attention(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, ml_ptr, count_ptr, 
             if at_j >= S * DIRECT:                               # (0 where every row is combined)
                 o = _combine_splits(ml_ptr, part_ptr, (row * HQ + h * G + j % G) * NS, at_j // S + 1, d, CH)
                 tl.store(out_ptr + (row * HQ + h * G + j % G) * HD + d, o.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _combine_rows(pos_ptr, part_ptr, ml_ptr, out_ptr, HQ: tl.constexpr, HD: tl.constexpr, S: tl.constexpr,
+                  NS: tl.constexpr, CH: tl.constexpr, FIRST: tl.constexpr, PDL: tl.constexpr):
+    """Program (r, a): row r's query head a combined from its splits' partials, where the row's position is at
+    least FIRST (S: the rows before are written directly; 0: every row but padding)."""
+    _launch_next(PDL)
+    _wait(PDL)                                                   # every split's partials stored
+    r, a = tl.program_id(0), tl.program_id(1)
+    pos = tl.load(pos_ptr + r)
+    if pos >= FIRST:
+        d = tl.arange(0, HD)
+        o = _combine_splits(ml_ptr, part_ptr, (r * HQ + a) * NS, pos // S + 1, d, CH)
+        tl.store(out_ptr + (r * HQ + a) * HD + d, o.to(out_ptr.dtype.element_ty))
 
 
 def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
@@ -122,7 +141,11 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             q, k_cache, v_cache, pos, part, ml, count, out, HD ** -0.5, q.stride(1), q.stride(2), L * HD, n, HQ, G,
             R, max(16, triton.next_power_of_2(R * G)), HD, split, block, ns,
             min(triton.next_power_of_2(ns), COMBINE_CHUNK), "ieee" if q.dtype == torch.float32 else "tf32", pdl,
-            direct, **opts)
+            direct, not SEPARATE, **opts)
+        if SEPARATE and (ns > 1 or not direct):
+            pdl, opts = launches(q.device, COMBINE_WARPS)
+            _combine_rows[(n, HQ)](pos, part, ml, out, HQ, HD, split, ns, min(triton.next_power_of_2(ns),
+                                   COMBINE_CHUNK), split if direct else 0, pdl, **opts)
     return out
 
 
