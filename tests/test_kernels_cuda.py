@@ -95,27 +95,31 @@ def test_dense_is_argmax_smallest_id_on_the_gpu():
 
 
 
-@pytest.mark.parametrize("rows", [1, 2, 8])
+@pytest.mark.parametrize("rows", [None, 1, 2, 8])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_attention_rows_are_the_same_bits_at_any_index_and_length_on_the_gpu(dtype, rows, monkeypatch):
     """lib/engine/layer_attention.py at the 32B target's heads (64 over 8, head_dim 128), 8 rows crossing a split,
-    1, 2 or 8 rows a program (a 16-, 16- or 64-row query tile): each row bitwise itself alone and in reverse order,
-    and SDPA over the masked cache to the dtype's rounding; 2 rows a program are 1 row's bits."""
+    as in this 3-split cache (rows None) or as in a long one with 1, 2 or 8 rows a program (a 16-, 16- or 64-row
+    query tile): each row bitwise itself alone and in reverse order, and SDPA over the masked cache to the dtype's
+    rounding; 1 and 2 rows a program are the short cache's bits."""
     import torch.nn.functional as TF
     from lib.engine import layer_attention
     from lib.engine.layer_attention import cached_attention
-    monkeypatch.setattr(layer_attention, "ROWS", rows)
+    short = None
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 64, 8, 128, generator=g).to(DEV, dtype)
     k, v = (torch.randn(1, 8, 600, 128, generator=g).to(DEV, dtype) for _ in range(2))
     pos = torch.arange(252, 260, device=DEV)
+    if rows:
+        short = cached_attention(q, k, v, pos)
+        monkeypatch.setattr(layer_attention, "LONG", 0)
+        monkeypatch.setattr(layer_attention, "ROWS", rows)
     whole = cached_attention(q, k, v, pos)
     assert torch.equal(cached_attention(q.flip(2), k, v, pos.flip(0)), whole.flip(1))
     for r in range(8):
         assert torch.equal(cached_attention(q[:, :, r:r + 1], k, v, pos[r:r + 1])[:, 0], whole[:, r])
-    if rows == 2:
-        monkeypatch.setattr(layer_attention, "ROWS", 1)
-        assert torch.equal(whole, cached_attention(q, k, v, pos))
+    if rows in (1, 2):
+        assert torch.equal(whole, short)
     mask = torch.arange(600, device=DEV)[None, :] <= pos[:, None]
     want = TF.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2)
     torch.testing.assert_close(whole.float(), want.float(), rtol=0, atol=2e-2 if dtype == torch.bfloat16 else 2e-3)

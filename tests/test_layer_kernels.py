@@ -29,24 +29,28 @@ def case(n: int, start: int, seed: int = 0):
     return q, k, v, start + torch.arange(n)
 
 
-@pytest.fixture(params=[1, 2, 8])
+@pytest.fixture(params=[None, 2, 8])
 def rows(request, monkeypatch):
-    """Query rows an attention program takes (layer_attention.ROWS): 1 or 2 fill a 16-row query tile at 3 query
-    heads a KV head, 8 a 32-row one."""
-    monkeypatch.setattr(layer_attention, "ROWS", request.param)
+    """The attention's launch: None as in this 3-split cache (short: a program a row, its last program combining),
+    or as in a long cache (layer_attention.LONG 0) with 2 or 8 rows a program (layer_attention.ROWS) and a
+    kernel of their own combining the splits; at 3 query heads a KV head, 1 or 2 rows fill a 16-row query tile,
+    8 a 32-row one."""
+    if request.param:
+        monkeypatch.setattr(layer_attention, "LONG", 0)
+        monkeypatch.setattr(layer_attention, "ROWS", request.param)
     return request.param
 
 
 @pytest.mark.parametrize("direct", [True, False])
 def test_splits_combined_by_a_kernel_of_their_own_are_the_last_programs_bits(monkeypatch, direct):
-    q, k, v, pos = case(8, 252, seed=4)
-    last = layer_attention.cached_attention(q, k, v, pos, direct=direct)
-    monkeypatch.setattr(layer_attention, "SEPARATE", True)
-    assert torch.equal(layer_attention.cached_attention(q, k, v, pos, direct=direct), last)
-    q, k, v, pos = case(2, 590, seed=4)                      # 75 splits, combined in 3 chunks
-    last = layer_attention.cached_attention(q, k, v, pos, split=8, block=8, direct=direct)
-    monkeypatch.setattr(layer_attention, "SEPARATE", False)
-    assert torch.equal(layer_attention.cached_attention(q, k, v, pos, split=8, block=8, direct=direct), last)
+    """A program a row either way: the long caches' combination kernel gives the short ones' bits."""
+    monkeypatch.setattr(layer_attention, "ROWS", 1)
+    for n, start, tiles in [(8, 252, {}), (2, 590, {"split": 8, "block": 8})]:      # 3 splits; 75 in 3 chunks
+        q, k, v, pos = case(n, start, seed=4)
+        monkeypatch.setattr(layer_attention, "LONG", 1000)
+        last = layer_attention.cached_attention(q, k, v, pos, direct=direct, **tiles)
+        monkeypatch.setattr(layer_attention, "LONG", 0)
+        assert torch.equal(layer_attention.cached_attention(q, k, v, pos, direct=direct, **tiles), last)
 
 
 def sdpa(q, k, v, pos):
@@ -87,6 +91,7 @@ def test_a_row_is_the_same_bits_at_any_index_and_in_a_call_of_any_length(rows):
 def test_two_rows_a_program_are_one_rows_bits_where_the_tile_keeps_its_shape(monkeypatch):
     """3 query heads a KV head: one row or two fill the same 16-row query tile, so the products are the same."""
     q, k, v, pos = case(8, 252, seed=1)
+    monkeypatch.setattr(layer_attention, "LONG", 0)
     monkeypatch.setattr(layer_attention, "ROWS", 2)
     two = layer_attention.cached_attention(q, k, v, pos)
     monkeypatch.setattr(layer_attention, "ROWS", 1)

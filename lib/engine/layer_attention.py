@@ -33,9 +33,9 @@ from .kernels import COMBINE_CHUNK, _combine_splits, _launch_next, _wait, counte
 
 SPLIT = 256                     # cache positions an attention program takes
 BLOCK = 128                     # positions a step of its loop scores
-ROWS = 1                        # query rows a program takes
-WARPS = 4
-SEPARATE = False                # splits combined by a kernel of their own (True) or a tile's last program
+LONG = 4                        # splits past which a cache is long: there a program takes ROWS query rows and a
+ROWS = 8                        # kernel of their own combines the splits; within it a program takes one, the last
+WARPS = 4                       # of a row's programs combining (fastest in the e2e runs' 342-position cache)
 COMBINE_WARPS = 4
 DIRECT = True                   # a row within the first split written by its program (no combination)
 
@@ -121,7 +121,7 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """q (1, HQ, n, hd) of queries at positions pos (n,) over caches (1, Hkv, L, hd), each query attending its own
     and earlier positions (at -1: a padding row, attending nothing, its output zeros) -> (1, n, HQ, hd) in q's dtype
     (the layout the o-projection reads). direct=False combines every row's splits (the tests' reference for the
-    direct rows). Each program takes ROWS query rows (read at the call)."""
+    direct rows). LONG and ROWS are read at the call."""
     _, HQ, n, HD = q.shape
     Hkv, L = k_cache.shape[1], k_cache.shape[2]
     if HQ % Hkv or HD & (HD - 1) or split % block or k_cache.shape != v_cache.shape:
@@ -130,7 +130,9 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if k_cache.stride()[1:] != (L * HD, HD, 1) or v_cache.stride() != k_cache.stride():
         raise ValueError("cached_attention: the caches must be contiguous per KV head")
     q = q if q.stride(-1) == 1 else q.contiguous()
-    G, ns, R = HQ // Hkv, triton.cdiv(L, split), ROWS
+    G, ns = HQ // Hkv, triton.cdiv(L, split)
+    long = ns > LONG
+    R = ROWS if long else 1
     out = torch.empty(1, n, HQ, HD, dtype=q.dtype, device=q.device)
     part = torch.empty(n, HQ, ns, HD, dtype=torch.float32, device=q.device)
     ml = torch.empty(n, HQ, ns, 2, dtype=torch.float32, device=q.device)
@@ -141,8 +143,8 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             q, k_cache, v_cache, pos, part, ml, count, out, HD ** -0.5, q.stride(1), q.stride(2), L * HD, n, HQ, G,
             R, max(16, triton.next_power_of_2(R * G)), HD, split, block, ns,
             min(triton.next_power_of_2(ns), COMBINE_CHUNK), "ieee" if q.dtype == torch.float32 else "tf32", pdl,
-            direct, not SEPARATE, **opts)
-        if SEPARATE and (ns > 1 or not direct):
+            direct, not long, **opts)
+        if long:
             pdl, opts = launches(q.device, COMBINE_WARPS)
             _combine_rows[(n, HQ)](pos, part, ml, out, HQ, HD, split, ns, min(triton.next_power_of_2(ns),
                                    COMBINE_CHUNK), split if direct else 0, pdl, **opts)
