@@ -1,21 +1,29 @@
 """Attention of a runner's multi-token calls on a GPU (layer_kernels.py's TritonLayer.attend): n query rows over the
 static KV cache, each row attending its own and earlier positions, in place of SDPA over the whole cache with a mask.
 
-Program (h, t, s) takes the G query heads that share KV head h, for R query rows t*R.. (R = ROWS), over the cache
-positions of split s (S positions from s*S) up to the rows' last position: scores of the (R*G, hd) query tile against
-BL positions at a time on the tensor cores (each row masked at its own position), an online softmax in fp32, then
+Program (h, t, s) takes the G query heads that share KV head h, for R query rows t*R.., over the cache positions of
+split s (S positions from s*S) up to the rows' last position: scores of the (R*G, hd) query tile against BL
+positions at a time on the tensor cores (each row masked at its own position), an online softmax in fp32, then
 (max, sum, weighted V) stored per row and query head (a padding row, at position -1, reads nothing and gets zeros).
-The last of a (h, t)'s NS programs to finish (a counter) combines each row's splits in split order; a row whose
-positions all lie in the first split (position < S: most of the study's) is written by that split's program at once,
-acc / l, bitwise what combining one split gives, with no partials, counter or combination (twenty-fourth session: on
-one H200, h100awq's target step at position 38, 8.35-8.38 -> 8.01-8.05 ms for one token).
+A row whose positions all lie in the first split (position < S: most of the study's) is written by that split's
+program at once, acc / l, bitwise what combining one split gives, with no partials or combination (twenty-fourth
+session: on one H200, h100awq's target step at position 38, 8.35-8.38 -> 8.01-8.05 ms for one token). The other
+rows' splits are combined in split order:
+- in a short cache (up to LONG splits; the e2e runs' 342 positions) by the last of a row's programs to finish (a
+  counter), each program taking one row (R = 1);
+- in a long cache by a kernel of their own, a program a row and query head, each attention program taking R = ROWS
+  rows, so that the K/V tiles are read once for a verify call's rows, not once a row, and far fewer programs are
+  launched past the rows' positions. Thirty-first session, one H200, the h100 target (devtmp/rows_ab.py and
+  long_ab.py, interleaved, tokens equal): in a cache for 8,192 positions, one token 20.82 -> 19.27 ms and a verify of
+  7 23.82 -> 19.49 at position 8,192 (the attention alone, 64 calls: 5.94 -> 1.47 ms), 19.11 -> 18.24 at position
+  64; in a cache of 1,178 positions 18.94 -> 18.38 for a verify at 1,020 but 17.87 -> 18.04 for one token at 64 (the
+  64-row query tile's latency and the extra launch), hence short caches keep a program a row.
 
 Batch invariance: splits and blocks are fixed positions, every reduction runs in a fixed order, a block past a row's
 position leaves its (max, sum, weighted V) bitwise as they were (its weights are exactly 0 and its rescale exactly
 1), and a row's scores are its own rows of the tile's products, whatever the other rows hold: a row's output is
-bitwise the same at any row index and in a call of any length. Blocks past the rows' last position are not read, so
-the cost follows the positions in use, not the cache's length. R rows a program read each K/V tile once for all of
-them (R = 1: a program a row, which in a verify call read the same tiles once a row).
+bitwise the same at any row index and in a call of any length (the launch depends on the cache's length only).
+Blocks past the rows' last position are not read, so the cost follows the positions in use.
 
 Launch settings: on one H100 (8 rows at the 32B target's heads, 342 cache positions; devtmp sweep of split 64-256,
 block 32-128, 2-8 warps, recorded in the README) splits of 256 in blocks of 128 with 4 warps were fastest, 9.5 us a
