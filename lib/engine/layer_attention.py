@@ -41,9 +41,9 @@ from .kernels import COMBINE_CHUNK, _combine_splits, _launch_next, _wait, counte
 
 SPLIT = 256                     # cache positions an attention program takes
 BLOCK = 128                     # positions a step of its loop scores
-LONG = 4                        # splits past which a cache is long: there a program takes ROWS query rows and a
-ROWS = 8                        # kernel of their own combines the splits; within it a program takes one, the last
-WARPS = 4                       # of a row's programs combining (fastest in the e2e runs' 342-position cache)
+LONG = 4                        # a cache of more splits is long: ROWS query rows a program, _combine_rows after it
+ROWS = 8                        # (a short one: a program a row, its last program combining; see above)
+WARPS = 4
 COMBINE_WARPS = 4
 DIRECT = True                   # a row within the first split written by its program (no combination)
 
