@@ -1,6 +1,7 @@
-"""The runner's Triton layer kernels (lib/engine/layer_kernels.py) on the CPU under Triton's interpreter in float32:
-attention equal to SDPA over the whole cache with the causal mask to float32 rounding, across splits; a row's output
-bitwise the same at any row index and in a call of any length (what batch-invariant target calls rest on); RMSNorm
+"""The runner's Triton layer kernels (lib/engine/layer_kernels.py, layer_attention.py) on the CPU under Triton's
+interpreter in float32: attention equal to SDPA over the whole cache with the causal mask to float32 rounding, across
+splits, launched as in a short cache or a long one; a row's output bitwise the same at any row index and in a call
+of any length (what batch-invariant target calls rest on); RMSNorm
 with and without the residual add, and SiLU(gate) * up, equal to the model's modules; the runner says which path its
 layers take and keeps speculative output equal to greedy output. Skipped where Triton is not installed (CI)."""
 import copy
