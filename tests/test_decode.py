@@ -57,21 +57,17 @@ def test_a_two_token_call_of_a_fused_runner_is_two_fused_steps(pair):
     assert torch.equal(a.cache.k, b.cache.k) and torch.equal(a.cache.v, b.cache.v)
 
 
-def test_a_cache_of_more_splits_than_programs_loops_and_its_length_does_not_change_a_position(llama, pair,
-                                                                                              monkeypatch):
+def test_a_cache_of_more_splits_than_programs_loops_and_its_length_does_not_change_a_position(llama, pair):
     """2 attention programs a query head over 5 (a cache of 80) or 10 splits (160): each program folds several
-    splits (FOLD of them loaded at once: 1 or 2, the same bits; on the tensor cores, or not: the same values to fp32
-    rounding); a position's step is the reference's to fp32 rounding and bitwise the same in both caches."""
+    splits (FOLD of them loaded at once: 1 or 2, the same bits); a position's step is the reference's to fp32
+    rounding and bitwise the same in both caches."""
     for model in (llama, pair[1]):
         ref, long = Runner(model, LEN), Runner(model, 2 * LEN)
         short = Runner(model, LEN, Acceleration(fused=True))
         assert short.decode.programs == 5 <= decode.PROGRAMS and short.decode.fold == 1     # no fold to make
-        monkeypatch.setattr(decode, "MMA", False)
-        steps = {"cuda_cores": decode.FusedDecode(short, programs=2)}     # first: the others rewrite its entries
-        monkeypatch.setattr(decode, "MMA", True)                          # (their next layers' k, v) after it
-        steps |= {"short": decode.FusedDecode(short, programs=2), "long": decode.FusedDecode(long, programs=2),
-                  "one_at_once": decode.FusedDecode(short, programs=2, fold=1)}
-        assert steps["long"].fold == decode.FOLD == 2 and steps["long"].mma and not steps["cuda_cores"].mma
+        steps = {"short": decode.FusedDecode(short, programs=2), "long": decode.FusedDecode(long, programs=2),
+                 "one_at_once": decode.FusedDecode(short, programs=2, fold=1)}
+        assert steps["long"].fold == decode.FOLD == 2
         assert steps["long"].programs == 2 and steps["long"].part.shape[1] == 2
         ids = torch.randint(3, 200, (LEN,), generator=torch.Generator().manual_seed(2))
         for r in (ref, short, long):
@@ -82,7 +78,6 @@ def test_a_cache_of_more_splits_than_programs_loops_and_its_length_does_not_chan
             got = {name: f(ids[None, p:p + 1], at).clone() for name, f in steps.items()}
             assert torch.equal(got["short"], got["long"]) and torch.equal(got["short"], got["one_at_once"])
             torch.testing.assert_close(got["short"], want, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(got["cuda_cores"], got["short"], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(long.cache.k[..., :68, :], ref.cache.k[..., :68, :], rtol=1e-5, atol=1e-5)
 
 

@@ -237,21 +237,6 @@ def test_the_fused_steps_launch_settings_change_at_most_its_rounding_on_the_gpu(
     assert torch.allclose(a.cache.v, b.cache.v, rtol=1e-2, atol=1e-2)
 
 
-def test_the_draft_attentions_tensor_core_folds_are_the_cuda_cores_to_rounding_on_the_gpu(pair, monkeypatch):
-    """A program's further splits (2 programs a query head over the cache's 6 splits) scored and weighted on the
-    tensor cores (decode.MMA) or the CUDA cores: the same steps and cache up to fp16 rounding."""
-    from lib.engine import decode as D
-    a, b, ids = _fused_runners(pair, 6)
-    a.decode = D.FusedDecode(a, programs=2)
-    monkeypatch.setattr(D, "MMA", False)
-    b.decode = D.FusedDecode(b, programs=2)
-    assert a.decode.mma and not b.decode.mma and a.decode.fold == D.FOLD
-    for p in range(40, 56):                                          # splits 2 and 3: programs 0 and 1's second
-        step = [r.forward(ids[:, p:p + 1], p, graph=False) for r in (a, b)]
-        assert torch.allclose(*step, rtol=1e-2, atol=1e-2), p
-    assert torch.allclose(a.cache.k, b.cache.k, rtol=1e-2, atol=1e-2)
-
-
 @pytest.mark.parametrize("schedule", ["ordinary", "deferred", "pipelined"])
 def test_speculative_output_is_greedy_output_with_graphs_on_the_gpu(pair, schedule):
     """The engine as GPU runs build it (CUDA graphs, the fused draft step, the Triton target layers, fp16): every

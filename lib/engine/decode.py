@@ -143,7 +143,6 @@ GEMV_WARPS = {"qkv": 1, "o": 2, "gate_up": 2, "down": 4}
 SPLIT, ATTENTION_WARPS = 16, 1
 PROGRAMS = 64                   # attention programs a query head at most (longer caches: several splits each)
 FOLD = 2                        # further splits a program loads at once (longer caches)
-MMA = True                      # further splits scored and weighted on the tensor cores (decode_attention._split_mma)
 LATE_ACTIVATIONS = {"o"}        # GEMVs whose activation reads wait for their first weights (_after_wait)
 GEMVS = {"qkv": (True, False, False), "o": (False, False, True),   # (norm, glu, residual) of each GEMV
          "gate_up": (True, True, False), "down": (False, False, True)}
@@ -190,7 +189,7 @@ class FusedDecode:
         splits = triton.cdiv(L, split)
         self.split, self.programs = split, min(splits, programs)              # attention programs a query head
         self.fold = fold if self.programs < splits else 1     # else no program has a second split: the straight-line
-        self.mma = MMA and self.programs < splits             # code alone (faster)
+                                                              # code alone (faster)
         empty = lambda *shape, dtype=dt: torch.zeros(shape, dtype=dtype, device=dev)
         self.x, self.out = empty(2, D), empty(1, 2, D)                        # the step's activations, a row a
         self.qkv = empty(2, (self.hq + 2 * self.hkv) * self.hd)                # token
@@ -243,7 +242,7 @@ class FusedDecode:
             self.qkv[t], qn, kn, r.cos, r.sin, k_cache, v_cache, start, self.part, self.ml, self.count, self.attn[t],
             self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.hd, self.split, self.programs,
             min(triton.next_power_of_2(self.programs), COMBINE_CHUNK), k_cache.shape[2], self.qk_norm, self.pdl, t,
-            self.fold, self.mma, **self.attention_opts)
+            self.fold, **self.attention_opts)
 
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 0.15}

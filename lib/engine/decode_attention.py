@@ -12,7 +12,7 @@ from .kernels import _combine_splits, _launch_next, _qkv_heads, _wait
 def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, ml_ptr,
                       count_ptr, out_ptr, eps, scale, HQ: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
                       S: tl.constexpr, P, CH: tl.constexpr, L, NORM: tl.constexpr, PDL: tl.constexpr,
-                      ROW: tl.constexpr, FOLD: tl.constexpr, MMA: tl.constexpr):
+                      ROW: tl.constexpr, FOLD: tl.constexpr):
     """Program (a, s): query head a (of KV head h = a // G), splits s, s + P, s + 2P, ... of S positions of the
     L-position cache up to the new position's. Older positions come from the cache, the new one from this step's k, v
     (which h's first query head's program owning it caches). Each split's (max, sum, weighted V) is folded into the
@@ -46,16 +46,13 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
         qf, vf = q.to(tl.float32), v.to(tl.float32)
         sn = tl.sum(k.to(tl.float32) * qf, 0) * scale            # the new position apart from the cached tile
         m, l, acc = _split(kt, vt, s * S, pos, sn, qf, vf, scale, S)   # up to P splits: the program's only one
-        q16 = q
-        if MMA:                                                   # q the first row of a tile for the tensor cores
-            q16 = tl.where(tl.arange(0, 16)[:, None] == 0, q[None, :], 0.0).to(q.dtype)
         for b in range(s * S + P * S, pos + 1, FOLD * P * S):   # more: the further ones, FOLD tiles loaded at once
             k1, v1 = _cache_tile(kc, vc, b + tl.arange(0, S), pos, d, HD)
             if FOLD == 2:
                 k2, v2 = _cache_tile(kc, vc, b + P * S + tl.arange(0, S), pos, d, HD)   # (none past pos)
-            m, l, acc = _fold(m, l, acc, k1, v1, b, pos, sn, qf, q16, vf, scale, S, MMA)
+            m, l, acc = _fold(m, l, acc, k1, v1, b, pos, sn, qf, vf, scale, S)
             if FOLD == 2:
-                m, l, acc = _fold(m, l, acc, k2, v2, b + P * S, pos, sn, qf, q16, vf, scale, S, MMA)
+                m, l, acc = _fold(m, l, acc, k2, v2, b + P * S, pos, sn, qf, vf, scale, S)
         tl.store(ml_ptr + (a * P + s) * 2, m)
         tl.store(ml_ptr + (a * P + s) * 2 + 1, l)
         tl.store(part_ptr + (a * P + s) * HD + d, acc)
@@ -80,30 +77,9 @@ def _split(kt, vt, b, pos, sn, qf, vf, scale, S: tl.constexpr):
 
 
 @triton.jit
-def _split_mma(kt, vt, b, pos, sn, q16, vf, scale, S: tl.constexpr):
-    """_split on the tensor cores: the scores are the first row of q16 (16, HD) (q, then zero rows) times the tile's
-    K (bf16 or fp16: exact products, fp32 sums; fp32: tf32x3), the weighted V the first row of the weights' (16, S) tile times V (tf32x3: near
-    fp32); the same values as _split's to fp32 rounding, the sums in another order."""
-    first = tl.arange(0, 16)[:, None] == 0
-    at = b + tl.arange(0, S)
-    ok = at <= pos
-    dots = tl.sum(tl.where(first, tl.dot(q16, tl.trans(kt), input_precision="tf32x3"), 0.0), 0)
-    sc = tl.where(ok, tl.where(at == pos, sn, dots * scale), -float("inf"))
-    m = tl.max(sc, 0)
-    e = tl.where(ok, tl.exp(sc - m), 0.0)
-    new = tl.where((b <= pos) & (pos < b + S), tl.exp(sn - m), 0.0)
-    w = tl.where(first, e[None, :], 0.0)
-    vs = tl.sum(tl.where(first, tl.dot(w, vt.to(tl.float32), input_precision="tf32x3"), 0.0), 0)
-    return m, tl.sum(e, 0), vs + new * vf
-
-
-@triton.jit
-def _fold(m, l, acc, kt, vt, b, pos, sn, qf, q16, vf, scale, S: tl.constexpr, MMA: tl.constexpr):
-    """Running (max, sum, weighted V) with the split from b folded in (splits in order; MMA: on the tensor cores)."""
-    if MMA:
-        ms, ls, vs = _split_mma(kt, vt, b, pos, sn, q16, vf, scale, S)
-    else:
-        ms, ls, vs = _split(kt, vt, b, pos, sn, qf, vf, scale, S)
+def _fold(m, l, acc, kt, vt, b, pos, sn, qf, vf, scale, S: tl.constexpr):
+    """Running (max, sum, weighted V) with the split from b folded in (splits in order)."""
+    ms, ls, vs = _split(kt, vt, b, pos, sn, qf, vf, scale, S)
     top = tl.maximum(m, ms)
     keep, w = tl.exp(m - top), tl.exp(ms - top)
     return top, l * keep + w * ls, acc * keep + w * vs
