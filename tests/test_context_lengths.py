@@ -76,13 +76,15 @@ def test_projection_is_the_cost_model_at_each_position():
     assert 1 < proj.loc[4096, "deferred: flash/dense"] < proj.loc[4096, "draft step dense/flash (measured)"]
 
 
-def test_table_and_figure(study):
+def test_table_and_figure(study, tmp_path):
     _, data = study
     tab = context_table(data)
     assert list(tab.index) == LENGTHS and {"dense ms/token", "flash ms/token", "dense/flash", "target 1 ms"} <= set(tab)
     proj = pd.DataFrame({"deferred: flash/dense": [1.0, 1.0]}, index=pd.Index(LENGTHS, name="position"))
     fig = context_plot(data, proj)
     assert len(fig.axes) == 3 and any("projected" in t.get_text() for t in fig.axes[2].get_legend().get_texts())
+    saved = context_plot(data, proj, tmp_path / "figures" / "context_lengths.png")
+    assert saved == tmp_path / "figures" / "context_lengths.png" and saved.stat().st_size > 0
 
 
 @pytest.mark.parametrize("change, message", [

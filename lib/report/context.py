@@ -2,10 +2,12 @@
 of a round at each position (notebook 03), and with the cost model's projection beside them (notebook 04)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from .. import modes
-from .figures import plt
+from .figures import _save, plt
 
 
 def context_table(ctx: dict) -> pd.DataFrame:
@@ -27,10 +29,11 @@ def context_table(ctx: dict) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("position")
 
 
-def context_plot(ctx: dict, projection: pd.DataFrame | None = None):
+def context_plot(ctx: dict, projection: pd.DataFrame | None = None, path: Path | None = None):
     """Left: each draft's time a proposed token against the position (on a GPU its floor dashed); middle: the
     target's single-token and deferred-verify calls; right: the measured draft-step ratio and, where given, the
-    projected FlashHead/dense decode ratio per schedule (lib.costmodel.context_projection)."""
+    projected FlashHead/dense decode ratio per schedule (lib.costmodel.context_projection). The figure, or with a
+    path its saved file (the folder made)."""
     tab = context_table(ctx)
     k = ctx["k"]
     fig, axes = plt.subplots(1, 3, figsize=(13.5, 3.6))
@@ -53,5 +56,8 @@ def context_plot(ctx: dict, projection: pd.DataFrame | None = None):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("position (tokens in the cache)")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    if path is None:
+        fig.tight_layout()
+        return fig
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, Path(path))
