@@ -140,7 +140,7 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     q = q if q.stride(-1) == 1 else q.contiguous()
     G, ns = HQ // Hkv, triton.cdiv(L, split)
     long = ns > LONG
-    R = ROWS if long else 1
+    R, ch = (ROWS if long else 1), min(triton.next_power_of_2(ns), COMBINE_CHUNK)   # ch: splits combined at once
     out = torch.empty(1, n, HQ, HD, dtype=q.dtype, device=q.device)
     part = torch.empty(n, HQ, ns, HD, dtype=torch.float32, device=q.device)
     ml = torch.empty(n, HQ, ns, 2, dtype=torch.float32, device=q.device)
@@ -149,13 +149,11 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     with on(q.device):                                           # Triton launches on the current device
         _layer_attention[(Hkv, triton.cdiv(n, R), ns)](
             q, k_cache, v_cache, pos, part, ml, count, out, HD ** -0.5, q.stride(1), q.stride(2), L * HD, n, HQ, G,
-            R, max(16, triton.next_power_of_2(R * G)), HD, split, block, ns,
-            min(triton.next_power_of_2(ns), COMBINE_CHUNK), "ieee" if q.dtype == torch.float32 else "tf32", pdl,
-            direct, not long, **opts)
+            R, max(16, triton.next_power_of_2(R * G)), HD, split, block, ns, ch,
+            "ieee" if q.dtype == torch.float32 else "tf32", pdl, direct, not long, **opts)
         if long:
             pdl, opts = launches(q.device, COMBINE_WARPS)
-            _combine_rows[(n, HQ)](pos, part, ml, out, HQ, HD, split, ns, min(triton.next_power_of_2(ns),
-                                   COMBINE_CHUNK), split if direct else 0, pdl, **opts)
+            _combine_rows[(n, HQ)](pos, part, ml, out, HQ, HD, split, ns, ch, split if direct else 0, pdl, **opts)
     return out
 
 
