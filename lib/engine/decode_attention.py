@@ -45,6 +45,7 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
             tl.store(vc + pos * HD + d, v)
         qf, vf = q.to(tl.float32), v.to(tl.float32)
         sn = tl.sum(k.to(tl.float32) * qf, 0) * scale            # the new position apart from the cached tile
+        qf = qf * _unit(kt)                                       # the cached tile's values are widened / unit
         m, l, acc = _split(kt, vt, s * S, pos, sn, qf, vf, scale, S)   # up to P splits: the program's only one
         for b in range(s * S + P * S, pos + 1, FOLD * P * S):   # more: the further ones, FOLD tiles loaded at once
             k1, v1 = _cache_tile(kc, vc, b + tl.arange(0, S), pos, d, HD)
@@ -69,11 +70,11 @@ def _split(kt, vt, b, pos, sn, qf, vf, scale, S: tl.constexpr):
     pos on) and the new position's score sn and value vf apart. A split wholly past pos gives (-inf, 0, 0)."""
     at = b + tl.arange(0, S)
     ok = at <= pos
-    sc = tl.where(ok, tl.where(at == pos, sn, tl.sum(kt.to(tl.float32) * qf[None, :], 1) * scale), -float("inf"))
+    sc = tl.where(ok, tl.where(at == pos, sn, tl.sum(_widen(kt) * qf[None, :], 1) * scale), -float("inf"))
     m = tl.max(sc, 0)
     e = tl.where(ok, tl.exp(sc - m), 0.0)
     new = tl.where((b <= pos) & (pos < b + S), tl.exp(sn - m), 0.0)    # the new position's weight, in this split
-    return m, tl.sum(e, 0), tl.sum(e[:, None] * vt.to(tl.float32), 0) + new * vf
+    return m, tl.sum(e, 0), tl.sum((e * _unit(vt))[:, None] * _widen(vt), 0) + new * vf
 
 
 @triton.jit
@@ -91,3 +92,25 @@ def _cache_tile(kc, vc, p, pos, d, HD: tl.constexpr):
     old = (p < pos)[:, None]
     return (tl.load(kc + p[:, None] * HD + d[None, :], mask=old, other=0.0),
             tl.load(vc + p[:, None] * HD + d[None, :], mask=old, other=0.0))
+
+
+@triton.jit
+def _widen(t):
+    """A cached tile as fp32 for the sums. fp16: its values / 2^112 by bit moves alone, exact (normal and subnormal
+    halves alike), which the caller's other factor (query, weight) times _unit = 2^112 undoes exactly: its products
+    are the plain conversion's, bit for bit. The plain conversion (one HADD2.F32 an element on the FMA pipe) made
+    the fp16 draft's attention 2x the bf16 one's at long caches (one H200); bf16 widens by a shift already."""
+    if t.dtype == tl.float16:                    # a word's two halves: each's 15 bits to 27..13, its sign to 31
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 a; shl.b32 a, $2, 16; shr.s32 a, a, 3; and.b32 $0, a, 0x8FFFFFFF; "
+            "shr.s32 a, $2, 3; and.b32 $1, a, 0x8FFFE000; }",
+            "=r,=r,r", [t], dtype=tl.float32, is_pure=True, pack=2)
+    return t.to(tl.float32)
+
+
+@triton.jit
+def _unit(t):
+    """What a value widened by _widen must be multiplied by: 2^112 for fp16, else 1."""
+    if t.dtype == tl.float16:
+        return 5192296858534827628530496329220096.0             # 2^112
+    return 1.0
