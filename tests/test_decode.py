@@ -15,6 +15,7 @@ from lib.engine.runner import Acceleration, Runner  # noqa: E402
 from lib.engine.speculative import Request, generate_baseline, generate_speculative  # noqa: E402
 from lib.models.build import make_draft, make_target  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from widen_cases import check_widen  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +133,8 @@ def test_a_fused_draft_keeps_speculative_output_greedy(pair, schedule):
     got = generate_speculative(target, draft, Request(prompt, 40, schedule, 4))
     want = generate_speculative(target, reference, Request(prompt, 40, schedule, 4))
     assert got.tokens == greedy and got.accepted == want.accepted            # float32: the same proposals
+
+
+def test_the_draft_attention_widens_an_fp16_tile_by_bit_moves_to_its_values_over_2_to_112():
+    """The interpreter's integer ops for what the GPU does in PTX (tests/test_kernels_cuda.py checks the PTX)."""
+    check_widen("cpu")

@@ -14,6 +14,7 @@ import lib.engine.flash_kernels as F  # noqa: E402
 import lib.engine.kernels as K  # noqa: E402
 from flash_cases import flash_ref, ints, problem  # noqa: E402
 from lib.bench import capture  # noqa: E402
+from widen_cases import check_widen  # noqa: E402
 
 if type(K._dense_argmax).__name__ == "InterpretedFunction":
     pytest.skip("Triton was imported under the interpreter: run this file alone", allow_module_level=True)
@@ -207,6 +208,11 @@ def _fused_runners(pair, seed):
     for r in (a, b):
         r.prefill(ids[:, :40])
     return a, b, ids
+
+
+def test_the_draft_attention_widens_an_fp16_tile_by_bit_moves_on_the_gpu():
+    """The inline PTX of decode_attention._widen: the bits of tests/widen_cases.py on every finite half."""
+    check_widen(DEV)
 
 
 def test_a_two_token_fused_step_is_two_single_steps_on_the_gpu(pair):

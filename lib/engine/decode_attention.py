@@ -1,11 +1,16 @@
 """The fused decode step's attention (decode.py): for one token, q/k RMS norms (Qwen3), RoPE, the K/V cache write
 and split-KV single-query attention over fixed splits of S positions, at most P programs a query head, each folding
-its splits in split order; the last program of a query head to finish combines the programs' partials.
+its splits in split order; the last program of a query head to finish combines the programs' partials. fp16
+cache tiles are widened to fp32 by bit moves (_widen), at bf16's cost.
 """
+import os
+
 import triton
 import triton.language as tl
 
 from .kernels import _combine_splits, _launch_next, _qkv_heads, _wait
+
+_EMULATE = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")   # Triton's CPU interpreter runs no inline PTX
 
 
 @triton.jit
@@ -45,7 +50,7 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
             tl.store(vc + pos * HD + d, v)
         qf, vf = q.to(tl.float32), v.to(tl.float32)
         sn = tl.sum(k.to(tl.float32) * qf, 0) * scale            # the new position apart from the cached tile
-        qf = qf * _unit(kt)                                       # the cached tile's values are widened / unit
+        qf = qf * _unit(kt)                     # fp16: x 2^112, as _widen gives the cached tiles' values / 2^112
         m, l, acc = _split(kt, vt, s * S, pos, sn, qf, vf, scale, S)   # up to P splits: the program's only one
         for b in range(s * S + P * S, pos + 1, FOLD * P * S):   # more: the further ones, FOLD tiles loaded at once
             k1, v1 = _cache_tile(kc, vc, b + tl.arange(0, S), pos, d, HD)
@@ -67,7 +72,8 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
 @triton.jit
 def _split(kt, vt, b, pos, sn, qf, vf, scale, S: tl.constexpr):
     """One split's (max, sum, weighted V) over positions b..b+S-1 up to pos: the cached tile (K, V rows, zero from
-    pos on) and the new position's score sn and value vf apart. A split wholly past pos gives (-inf, 0, 0)."""
+    pos on) and the new position's score sn and value vf apart; qf is the query times _unit (see _widen). A split
+    wholly past pos gives (-inf, 0, 0)."""
     at = b + tl.arange(0, S)
     ok = at <= pos
     sc = tl.where(ok, tl.where(at == pos, sn, tl.sum(_widen(kt) * qf[None, :], 1) * scale), -float("inf"))
@@ -96,12 +102,17 @@ def _cache_tile(kc, vc, p, pos, d, HD: tl.constexpr):
 
 @triton.jit
 def _widen(t):
-    """A cached tile as fp32 for the sums. fp16: its values / 2^112 by bit moves alone, exact (normal and subnormal
-    halves alike), which the caller's other factor (query, weight) times _unit = 2^112 undoes exactly: its products
-    are the plain conversion's, bit for bit. The plain conversion (one HADD2.F32 an element on the FMA pipe) made
-    the fp16 draft's attention 2x the bf16 one's at long caches (one H200); bf16 widens by a shift already."""
-    if t.dtype == tl.float16:                    # a word's two halves: each's 15 bits to 27..13, its sign to 31
-        return tl.inline_asm_elementwise(
+    """A cached tile as fp32 for the sums. fp16: each value / 2^112, by bit moves alone and exact for normal and
+    subnormal halves (a half's 15 bits moved to bits 27..13 of a float, its sign to bit 31); the caller multiplies
+    the other factor (the query, the weights) by _unit = 2^112, so every product, and so every output bit, is the
+    plain conversion's. One H200, the fp16 draft's K = 6 block at 32,768 positions: 4.135 ms a token with the plain
+    conversion (HADD2.F32), 2.165 with this (bf16's, a shift already: 2.001); the same moves written as Triton
+    integer ops were no faster (4.215). The interpreter runs no PTX: there those integer ops give the same bits."""
+    if t.dtype == tl.float16:
+        if _EMULATE:
+            b = t.to(tl.int16, bitcast=True).to(tl.int32)
+            return (((b & 0x7FFF) << 13) | ((b & 0x8000) << 16)).to(tl.float32, bitcast=True)
+        return tl.inline_asm_elementwise(                  # a register's two halves, low then high
             "{ .reg .b32 a; shl.b32 a, $2, 16; shr.s32 a, a, 3; and.b32 $0, a, 0x8FFFFFFF; "
             "shr.s32 a, $2, 3; and.b32 $1, a, 0x8FFFE000; }",
             "=r,=r,r", [t], dtype=tl.float32, is_pure=True, pack=2)
@@ -110,7 +121,7 @@ def _widen(t):
 
 @triton.jit
 def _unit(t):
-    """What a value widened by _widen must be multiplied by: 2^112 for fp16, else 1."""
+    """What a value widened by _widen is to be multiplied by: 2^112 for fp16, else 1."""
     if t.dtype == tl.float16:
         return 5192296858534827628530496329220096.0             # 2^112
     return 1.0
