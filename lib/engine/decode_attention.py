@@ -3,14 +3,10 @@ and split-KV single-query attention over fixed splits of S positions, at most P 
 its splits in split order; the last program of a query head to finish combines the programs' partials. fp16
 cache tiles are widened to fp32 by bit moves (_widen), at bf16's cost.
 """
-import os
-
 import triton
 import triton.language as tl
 
 from .kernels import _combine_splits, _launch_next, _qkv_heads, _wait
-
-_EMULATE = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")   # Triton's CPU interpreter runs no inline PTX
 
 
 @triton.jit
@@ -98,6 +94,10 @@ def _cache_tile(kc, vc, p, pos, d, HD: tl.constexpr):
     old = (p < pos)[:, None]
     return (tl.load(kc + p[:, None] * HD + d[None, :], mask=old, other=0.0),
             tl.load(vc + p[:, None] * HD + d[None, :], mask=old, other=0.0))
+
+
+# Triton chose its CPU interpreter (which runs no inline PTX) or not when first imported: ask a kernel, as w4a16 does
+_EMULATE = tl.constexpr(type(_decode_attention).__name__ == "InterpretedFunction")
 
 
 @triton.jit
