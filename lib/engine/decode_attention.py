@@ -6,7 +6,7 @@ cache tiles are widened to fp32 by bit moves (_widen), at bf16's cost.
 import triton
 import triton.language as tl
 
-from .kernels import _combine_splits, _launch_next, _qkv_heads, _wait
+from .kernels import _combine_splits, _launch_next, _qkv_heads, _wait, interpreted
 
 
 @triton.jit
@@ -96,8 +96,7 @@ def _cache_tile(kc, vc, p, pos, d, HD: tl.constexpr):
             tl.load(vc + p[:, None] * HD + d[None, :], mask=old, other=0.0))
 
 
-# Triton chose its CPU interpreter (which runs no inline PTX) or not when first imported: ask a kernel, as w4a16 does
-_EMULATE = tl.constexpr(type(_decode_attention).__name__ == "InterpretedFunction")
+_EMULATE = tl.constexpr(interpreted(_decode_attention))    # the interpreter runs no inline PTX
 
 
 @triton.jit

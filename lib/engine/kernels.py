@@ -209,6 +209,12 @@ def counters(device: torch.device, n: int, owner: str) -> torch.Tensor:
     return have
 
 
+def interpreted(kernel) -> bool:
+    """Whether Triton decorated `kernel` for its CPU interpreter, which runs no inline PTX. Triton chose that when
+    first imported, so ask a kernel rather than the environment."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
 def has_pdl(device: torch.device) -> bool:
     """Programmatic dependent launch: CUDA on Hopper or later (not Triton's CPU interpreter)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9

@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 
 from ..bench import on
-from ..engine.kernels import _launch_next, _wait, counters, launches
+from ..engine.kernels import _launch_next, _wait, counters, interpreted, launches
 from .quantize import GROUP, as_int32, unpack
 
 ROWS = 16                          # activation rows of one program (the wgmma's N)
@@ -193,8 +193,7 @@ def _store(out_ptr, res_ptr, at, keep, acc, RESIDUAL: tl.constexpr):
     tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=keep)
 
 
-# Triton picks the interpreter when the kernels are decorated, so ask the kernel rather than the environment
-_EMULATE = type(_w4a16_kernel).__name__ == "InterpretedFunction"
+_EMULATE = interpreted(_w4a16_kernel)
 
 
 def pack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group: int = GROUP) -> PackedInt4:
