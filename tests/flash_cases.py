@@ -29,3 +29,19 @@ def flash_ref(h, W, cents, c2t_ext, p):
     cand = cand[cand >= 0]
     logits = W[cand].double() @ h[0].double()
     return cand[logits == logits.max()].min()
+
+
+def check_dense_in_16_bits(device, dtype, scale) -> None:
+    """The dense head in `dtype` with integer weights times `scale` and inputs times 256 (every product and sum
+    exact): the smallest id of the largest logit, ties planted. Scale 2^-24 makes every nonzero fp16 weight a
+    subnormal: a conversion or product flushed to zero would lose it."""
+    from lib.engine.kernels import dense_greedy_triton
+    g = torch.Generator().manual_seed(1)
+    W = ints(g, 500, 64) * scale
+    for i in range(4):
+        h = ints(g, 1, 64) * 256
+        if i % 2:
+            W[7] = W[(W.double() @ h[0].double()).argmax()]                     # a tie, from below or above
+        logits = W.double() @ h[0].double()
+        want = (logits == logits.max()).nonzero().min().item()
+        assert dense_greedy_triton(h.to(device, dtype), W.to(device, dtype)).item() == want, i

@@ -12,7 +12,7 @@ import lib.engine.flash_kernels as F  # noqa: E402
 import lib.engine.kernels as K  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from flash_cases import flash_ref, ints, problem  # noqa: E402
+from flash_cases import check_dense_in_16_bits, flash_ref, ints, problem  # noqa: E402
 
 FAST, FULL = dict(S=64), dict(S=2, TF=8, T=2)      # slab fits every bin / overflows: full select, tiled
 
@@ -142,11 +142,10 @@ def test_dense_is_argmax_smallest_id(V, d, R):
         assert i % 2 == 0 or len(best) > 1
 
 
-def test_dense_bf16():
-    g = torch.Generator().manual_seed(1)
-    W = ints(g, 500, 64).bfloat16()
-    h = ints(g, 1, 64).bfloat16()
-    assert K.dense_greedy_triton(h, W).item() == (W.double() @ h[0].double()).argmax().item()
+@pytest.mark.parametrize("dtype,scale", [(torch.bfloat16, 1.0), (torch.float16, 1.0), (torch.float16, 2.0 ** -24)])
+def test_dense_in_16_bits(dtype, scale):
+    """bf16 and fp16 (the h100awq drafts' dtype), also with every weight an fp16 subnormal (scale 2^-24)."""
+    check_dense_in_16_bits(torch.device("cpu"), dtype, scale)
 
 
 # ---------------------------------------------------------------- tiles past 32,768 (issue 22 item 6)

@@ -1,5 +1,5 @@
 """The Triton heads on a CUDA GPU, where a launch's programs run at once (FlashHead's overflow path: a ticket and a
-flag; programmatic dependent launch on Hopper): the exact-integer cases of tests/test_kernels.py in fp32 and bf16,
+flag; programmatic dependent launch on Hopper): the exact-integer cases of tests/test_kernels.py in fp32, bf16 and fp16,
 every path of the plan hit. Skipped without a GPU (CI) and where Triton was imported under the interpreter (run
 this file alone then)."""
 import os
@@ -12,7 +12,7 @@ if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
 pytest.importorskip("triton")
 import lib.engine.flash_kernels as F  # noqa: E402
 import lib.engine.kernels as K  # noqa: E402
-from flash_cases import flash_ref, ints, problem  # noqa: E402
+from flash_cases import check_dense_in_16_bits, flash_ref, ints, problem  # noqa: E402
 from lib.bench import capture  # noqa: E402
 from widen_cases import check_widen  # noqa: E402
 
@@ -23,7 +23,7 @@ DEV = torch.device("cuda")
 PATHS = {"short sort": dict(S=64), "S-wide sort": dict(S=64), "overflow": dict(S=2, TF=8, T=2)}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("seed", range(3))
 def test_flash_is_exact_on_every_path(seed, dtype):
     """Random integer centroids (the P-th score's bin holds few: the short sort), equal ones (all 37 in one bin:
@@ -94,6 +94,11 @@ def test_dense_is_argmax_smallest_id_on_the_gpu():
         best = (logits == logits.max()).nonzero().flatten()
         assert K.dense_greedy_triton(h.to(DEV, torch.bfloat16), W.to(DEV, torch.bfloat16)).item() == best.min().item()
 
+
+@pytest.mark.parametrize("dtype,scale", [(torch.bfloat16, 1.0), (torch.float16, 1.0), (torch.float16, 2.0 ** -24)])
+def test_dense_in_16_bits_on_the_gpu(dtype, scale):
+    """fp16 weights (the h100awq drafts' dtype), subnormal ones too, lose no product on the GPU."""
+    check_dense_in_16_bits(DEV, dtype, scale)
 
 
 @pytest.mark.parametrize("rows", [None, 1, 2, 8])
