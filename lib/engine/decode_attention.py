@@ -102,26 +102,33 @@ def _cache_tile(kc, vc, p, pos, d, HD: tl.constexpr):
             tl.load(vc + p[:, None] * HD + d[None, :], mask=old, other=0.0))
 
 
-_EMULATE = tl.constexpr(interpreted(_decode_attention))    # the interpreter runs no inline PTX
-
-
 @triton.jit
-def _widen(t):
+def _widen_bits(t):
     """A cached tile as fp32 for the sums. fp16: each value / 2^112, by bit moves alone and exact for normal and
     subnormal halves (a half's 15 bits moved to bits 27..13 of a float, its sign to bit 31); the caller multiplies
     the other factor (the query, the weights) by _unit = 2^112, so every product, and so every output bit, is the
     plain conversion's. One H200, the fp16 draft's K = 6 block at 32,768 positions: 4.135 ms a token with the plain
-    conversion (HADD2.F32), 2.165 with this (bf16's, a shift already: 2.001); the same moves written as Triton
-    integer ops were no faster (4.215). The interpreter runs no PTX: there those integer ops give the same bits."""
+    conversion (HADD2.F32), 2.136-2.165 with this (bf16's, a shift already: 1.98-2.00); the same moves written as
+    Triton integer ops were no faster (4.215), nor was this PTX behind a branch on the interpreter (4.239: hence
+    _widen, chosen when this module is imported)."""
     if t.dtype == tl.float16:
-        if _EMULATE:
-            b = t.to(tl.int16, bitcast=True).to(tl.int32)
-            return (((b & 0x7FFF) << 13) | ((b & 0x8000) << 16)).to(tl.float32, bitcast=True)
         return tl.inline_asm_elementwise(                  # a register's two halves, low then high
             "{ .reg .b32 a; shl.b32 a, $2, 16; shr.s32 a, a, 3; and.b32 $0, a, 0x8FFFFFFF; "
             "shr.s32 a, $2, 3; and.b32 $1, a, 0x8FFFE000; }",
             "=r,=r,r", [t], dtype=tl.float32, is_pure=True, pack=2)
     return t.to(tl.float32)
+
+
+@triton.jit
+def _widen_ints(t):
+    """_widen_bits's bits by integer ops, for Triton's interpreter (which runs no PTX)."""
+    if t.dtype == tl.float16:
+        b = t.to(tl.int16, bitcast=True).to(tl.int32)
+        return (((b & 0x7FFF) << 13) | ((b & 0x8000) << 16)).to(tl.float32, bitcast=True)
+    return t.to(tl.float32)
+
+
+_widen = _widen_ints if interpreted(_decode_attention) else _widen_bits
 
 
 @triton.jit
