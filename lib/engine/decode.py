@@ -190,7 +190,6 @@ class FusedDecode:
         self.split, self.programs = split, min(splits, programs)              # attention programs a query head
         self.fold = fold if self.programs < splits else 1     # else no program has a second split: the straight-line
                                                               # code alone (faster)
-        self.widen = self.programs < splits                   # fp16 tiles by bit moves where programs fold (_widen)
         empty = lambda *shape, dtype=dt: torch.zeros(shape, dtype=dtype, device=dev)
         self.x, self.out = empty(2, D), empty(1, 2, D)                        # the step's activations, a row a
         self.qkv = empty(2, (self.hq + 2 * self.hkv) * self.hd)                # token
@@ -243,7 +242,7 @@ class FusedDecode:
             self.qkv[t], qn, kn, r.cos, r.sin, k_cache, v_cache, start, self.part, self.ml, self.count, self.attn[t],
             self.eps, self.hd ** -0.5, self.hq, self.hq // self.hkv, self.hd, self.split, self.programs,
             min(triton.next_power_of_2(self.programs), COMBINE_CHUNK), k_cache.shape[2], self.qk_norm, self.pdl, t,
-            self.fold, self.widen, **self.attention_opts)
+            self.fold, **self.attention_opts)
 
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 0.15}

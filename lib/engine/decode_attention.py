@@ -1,7 +1,7 @@
 """The fused decode step's attention (decode.py): for one token, q/k RMS norms (Qwen3), RoPE, the K/V cache write
 and split-KV single-query attention over fixed splits of S positions, at most P programs a query head, each folding
 its splits in split order; the last program of a query head to finish combines the programs' partials. fp16
-cache tiles are widened to fp32 by bit moves (_widen), at bf16's cost.
+cache tiles are widened to fp32 by bit moves (_widen_bits), at about bf16's cost.
 """
 import triton
 import triton.language as tl
@@ -13,7 +13,7 @@ from .kernels import _combine_splits, _launch_next, _qkv_heads, _wait, interpret
 def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, ml_ptr,
                       count_ptr, out_ptr, eps, scale, HQ: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
                       S: tl.constexpr, P, CH: tl.constexpr, L, NORM: tl.constexpr, PDL: tl.constexpr,
-                      ROW: tl.constexpr, FOLD: tl.constexpr, WIDE: tl.constexpr):
+                      ROW: tl.constexpr, FOLD: tl.constexpr):
     """Program (a, s): query head a (of KV head h = a // G), splits s, s + P, s + 2P, ... of S positions of the
     L-position cache up to the new position's. Older positions come from the cache, the new one from this step's k, v
     (which h's first query head's program owning it caches). Each split's (max, sum, weighted V) is folded into the
@@ -46,16 +46,15 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
             tl.store(vc + pos * HD + d, v)
         qf, vf = q.to(tl.float32), v.to(tl.float32)
         sn = tl.sum(k.to(tl.float32) * qf, 0) * scale            # the new position apart from the cached tile
-        if WIDE:                                # fp16: x 2^112, as _widen gives the cached tiles' values / 2^112
-            qf = qf * _unit(kt)
-        m, l, acc = _split(kt, vt, s * S, pos, sn, qf, vf, scale, S, WIDE)   # up to P splits: the only one
+        qf = qf * _unit(kt)                     # fp16: x 2^112, as _widen gives the cached tiles' values / 2^112
+        m, l, acc = _split(kt, vt, s * S, pos, sn, qf, vf, scale, S)   # up to P splits: the program's only one
         for b in range(s * S + P * S, pos + 1, FOLD * P * S):   # more: the further ones, FOLD tiles loaded at once
             k1, v1 = _cache_tile(kc, vc, b + tl.arange(0, S), pos, d, HD)
             if FOLD == 2:
                 k2, v2 = _cache_tile(kc, vc, b + P * S + tl.arange(0, S), pos, d, HD)   # (none past pos)
-            m, l, acc = _fold(m, l, acc, k1, v1, b, pos, sn, qf, vf, scale, S, WIDE)
+            m, l, acc = _fold(m, l, acc, k1, v1, b, pos, sn, qf, vf, scale, S)
             if FOLD == 2:
-                m, l, acc = _fold(m, l, acc, k2, v2, b + P * S, pos, sn, qf, vf, scale, S, WIDE)
+                m, l, acc = _fold(m, l, acc, k2, v2, b + P * S, pos, sn, qf, vf, scale, S)
         tl.store(ml_ptr + (a * P + s) * 2, m)
         tl.store(ml_ptr + (a * P + s) * 2 + 1, l)
         tl.store(part_ptr + (a * P + s) * HD + d, acc)
@@ -67,28 +66,23 @@ def _decode_attention(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
 
 
 @triton.jit
-def _split(kt, vt, b, pos, sn, qf, vf, scale, S: tl.constexpr, WIDE: tl.constexpr):
+def _split(kt, vt, b, pos, sn, qf, vf, scale, S: tl.constexpr):
     """One split's (max, sum, weighted V) over positions b..b+S-1 up to pos: the cached tile (K, V rows, zero from
-    pos on) and the new position's score sn and value vf apart. WIDE: the tiles widened by bit moves and qf the
-    query times _unit (see _widen), else converted plainly: the same bits either way. A split wholly past pos gives
-    (-inf, 0, 0)."""
+    pos on) and the new position's score sn and value vf apart; qf is the query times _unit (see _widen). A split
+    wholly past pos gives (-inf, 0, 0)."""
     at = b + tl.arange(0, S)
     ok = at <= pos
-    if WIDE:
-        kf, vw, u = _widen(kt), _widen(vt), _unit(vt)
-    else:
-        kf, vw, u = kt.to(tl.float32), vt.to(tl.float32), 1.0
-    sc = tl.where(ok, tl.where(at == pos, sn, tl.sum(kf * qf[None, :], 1) * scale), -float("inf"))
+    sc = tl.where(ok, tl.where(at == pos, sn, tl.sum(_widen(kt) * qf[None, :], 1) * scale), -float("inf"))
     m = tl.max(sc, 0)
     e = tl.where(ok, tl.exp(sc - m), 0.0)
     new = tl.where((b <= pos) & (pos < b + S), tl.exp(sn - m), 0.0)    # the new position's weight, in this split
-    return m, tl.sum(e, 0), tl.sum((e * u)[:, None] * vw, 0) + new * vf
+    return m, tl.sum(e, 0), tl.sum((e * _unit(vt))[:, None] * _widen(vt), 0) + new * vf
 
 
 @triton.jit
-def _fold(m, l, acc, kt, vt, b, pos, sn, qf, vf, scale, S: tl.constexpr, WIDE: tl.constexpr):
+def _fold(m, l, acc, kt, vt, b, pos, sn, qf, vf, scale, S: tl.constexpr):
     """Running (max, sum, weighted V) with the split from b folded in (splits in order)."""
-    ms, ls, vs = _split(kt, vt, b, pos, sn, qf, vf, scale, S, WIDE)
+    ms, ls, vs = _split(kt, vt, b, pos, sn, qf, vf, scale, S)
     top = tl.maximum(m, ms)
     keep, w = tl.exp(m - top), tl.exp(ms - top)
     return top, l * keep + w * ls, acc * keep + w * vs
@@ -109,8 +103,8 @@ def _widen_bits(t):
     the other factor (the query, the weights) by _unit = 2^112, so every product, and so every output bit, is the
     plain conversion's. One H200, the fp16 draft's K = 6 block at 32,768 positions: 4.135 ms a token with the plain
     conversion (HADD2.F32), 2.136-2.165 with this (bf16's, a shift already: 1.98-2.00); the same moves written as
-    Triton integer ops were no faster (4.215), nor was this PTX behind a branch on the interpreter (4.239: hence
-    _widen, chosen when this module is imported)."""
+    Triton integer ops were no faster (4.215), nor was _split with its tiles widened into variables under a
+    constexpr switch (4.25-4.34, 86129d7: widened only where programs fold, the plain conversion elsewhere)."""
     if t.dtype == tl.float16:
         return tl.inline_asm_elementwise(                  # a register's two halves, low then high
             "{ .reg .b32 a; shl.b32 a, $2, 16; shr.s32 a, a, 3; and.b32 $0, a, 0x8FFFFFFF; "
@@ -128,7 +122,7 @@ def _widen_ints(t):
     return t.to(tl.float32)
 
 
-_widen = _widen_ints if interpreted(_decode_attention) else _widen_bits
+_widen = _widen_ints if interpreted(_decode_attention) else _widen_bits   # chosen once: no branch in the kernel
 
 
 @triton.jit
