@@ -4,6 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lib.engine import decode_attention
 from lib.engine.decode_attention import _unit, _widen
 
 
@@ -19,7 +20,10 @@ def _widen_all(x_ptr, widened_ptr, back_ptr, BLOCK: tl.constexpr):
 def check_widen(device) -> None:
     """Each finite half h widens to the float of bits (h & 0x7FFF) << 13 | (h's sign) << 31, that is to its value /
     2^112 exactly (normal and subnormal halves), and times _unit (2^112, in the kernel) back to its value; a bf16
-    tile widens to its values."""
+    tile widens to its values. The widening is the one for where it runs (the PTX on a GPU, integer ops under the
+    interpreter): a fallback to the integer ops would give these bits too, only slower."""
+    on_gpu = torch.device(device).type == "cuda"
+    assert _widen is (decode_attention._widen_bits if on_gpu else decode_attention._widen_ints)
     bits = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32)
     h = bits.to(torch.int16)
     finite = (h & 0x7C00) != 0x7C00                                        # exponent 31: inf and NaN
