@@ -216,7 +216,7 @@ def _fused_runners(pair, seed):
 
 
 def test_the_draft_attention_widens_an_fp16_tile_by_bit_moves_on_the_gpu():
-    """The inline PTX of decode_attention._widen_bits (its _widen on a GPU): widen_cases.py's bits, every finite half."""
+    """The inline PTX of decode_attention._widen_bits (its _widen on a GPU): widen_cases.py's bits, each finite half."""
     check_widen(DEV)
 
 
