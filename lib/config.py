@@ -27,8 +27,6 @@ def models_root() -> Path:
     return Path(os.environ.get("STUDY_MODELS") or ROOT / "models").expanduser()
 
 
-
-
 @dataclass(frozen=True)
 class Shape:
     """One Qwen3 decoder body."""

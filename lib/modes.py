@@ -76,7 +76,6 @@ PEERS = {"hf_greedy": "HF generate, greedy (dynamic cache)", "hf_static": "HF ge
 ENGINE_BASELINE = "engine_baseline"
 
 
-
 # Notebook 03's side studies after the end-to-end run, each on the first prompts.side_prompts prompts (the context
 # study on no prompt: it times a round's calls at bench.context_lengths).
 SIDE_STUDIES = {"sampling": "exact speculative sampling (sampling.json)", "adaptive": "adaptive drafts (adaptive.json)",

@@ -11,7 +11,6 @@ from ..engine.speculative import Request, generate_baseline, generate_speculativ
 from ..report.sampling import aggregate, sampled_rows, summary_section  # noqa: F401  (pure: the report's)
 
 
-
 def sampling_modes(profile: Profile) -> list[tuple[str, str | None, str | None]]:
     """(draft, schedule, probe policy) of the baseline and of every draft x sampling schedule (x probe
     policy for FlashHead drafts)."""
