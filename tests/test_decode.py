@@ -138,3 +138,16 @@ def test_a_fused_draft_keeps_speculative_output_greedy(pair, schedule):
 def test_the_draft_attention_widens_an_fp16_tile_by_bit_moves_to_its_values_over_2_to_112():
     """The interpreter's integer ops for what the GPU does in PTX (tests/test_kernels_cuda.py checks the PTX)."""
     check_widen("cpu")
+
+
+def test_the_check_measures_each_element_against_its_own_size():
+    """A trained model's few large dims (SmolLM2: 25-39 where the rms is 1.4-2.4) differ between two bf16 paths by
+    units of their own last place; the same difference in a dim of the rms's size weighs 7x as much here."""
+    ref = torch.ones(2, 64)
+    ref[:, 5] = 30.0
+    rms = ref.pow(2).mean(-1).sqrt()[0].item()                                 # 3.9
+    big, small = ref.clone(), ref.clone()
+    big[:, 5] += 0.25                                                          # 2 units of bf16's last place at 30
+    small[1, 7] += 0.25
+    assert decode._error(big, ref) == pytest.approx(0.25 / (rms + 30.0))
+    assert decode._error(small, ref) == pytest.approx(0.25 / (rms + 1.0)) and decode._error(ref, ref) == 0.0
