@@ -141,6 +141,13 @@ def test_headline_names_exact_match_throughput_and_acceptance_per_draft():
     assert headline({"e2e": {}}) == []
 
 
+def test_headline_names_an_engine_whose_fused_step_fell_back():
+    why = "fused step off the reference: relative error 0.173 > 0.15"
+    lines = headline({**SUMMARY, "run_bodies": {"target": "reference", "dense": "fused", "flash": f"reference ({why})"}})
+    assert lines[-1] == f"  NOTE flash ran its reference body, not the fused step: {why}"
+    assert not any("NOTE" in ln for ln in headline({**SUMMARY, "run_bodies": {"target": "reference", "dense": "fused"}}))
+
+
 def test_a_finished_stage_keeps_the_time_it_took(tmp_path):
     clock, ev = Clock(), tmp_path / "ev.jsonl"
     w = Watch("03", ev, tmp_path / "s.ipynb", tty=True, clock=clock)

@@ -1,5 +1,6 @@
 """The closing lines of `make reproduce`: summary.json's headline numbers as plain text (exact match with greedy
-decoding, decode tok/s and acceptance per draft and schedule at fixed block length)."""
+decoding, decode tok/s and acceptance per draft and schedule at fixed block length), and any engine whose fused
+step fell back to the reference path."""
 from __future__ import annotations
 
 from .. import modes
@@ -34,7 +35,14 @@ def headline(summary: dict) -> list[str]:
             lines.append(f"    {label:<36}" + "".join(f"{cell(r):>18}" for r in cells))
     if len(fixed) < len(spec):
         lines.append(f"  and {len(spec) - len(fixed)} block-length-policy modes: summary.json, notebook 04")
-    return lines
+    return lines + fallbacks(summary.get("run_bodies") or {})
+
+
+def fallbacks(bodies: dict) -> list[str]:
+    """A line for each engine whose fused single-token step was asked for but not used (its body 'reference (why)',
+    lib/engine/runner.py): its timings are the reference path's."""
+    return [f"  NOTE {engine} ran its reference body, not the fused step: {body[len('reference ('):-1]}"
+            for engine, body in bodies.items() if body.startswith("reference (")]
 
 
 def cell(row: dict | None) -> str:
