@@ -22,18 +22,23 @@ def call_costs(micro: dict, target_step: dict, draft: str = modes.FLASH) -> dict
     """Per-call costs (ms) measured in notebooks 02-03: T_p(n) target call with n tokens, T_q draft step
     (the FlashHead model's step for FlashHead drafts, the dense model's otherwise): per token of a round's
     proposal block where notebook 02 timed one (GPU profiles: the engine proposes a block in one graph
-    replay), else the single step. Lengths between the measured ones (a profile may time only some) are
-    interpolated linearly."""
+    replay), else the single step; T_q2 the same for a block fed two tokens, as deferred rounds launch it ahead
+    (lib/engine/rounds.py: its first step is the two-token one), where notebook 02 timed one, else T_q. Lengths
+    between the measured ones (a profile may time only some) are interpolated linearly."""
     measured = sorted((int(n), v) for n, v in target_step["verify_ms"].items())
     n, ms = zip(*measured)
     name = "flash" if draft == modes.FLASH else "dense"
     block = micro.get("block", {})
     t_q = block[name]["mean_ms"] / block["k"] if name in block else micro["model_step"][name]["mean_ms"]
-    return {"T_p": {i: float(np.interp(i, n, ms)) for i in range(1, n[-1] + 1)}, "T_q": t_q}
+    two = f"{name}_fed_two"
+    return {"T_p": {i: float(np.interp(i, n, ms)) for i in range(1, n[-1] + 1)}, "T_q": t_q,
+            "T_q2": block[two]["mean_ms"] / block["k"] if two in block else t_q}
 
 
-def tpot_ms(costs: dict, k: int, emitted: float, schedule: str, skip: float = 0.0, appends: float = 1.0) -> float:
-    """TPOT ~ ((1 - s) T_p(K) + K*T_q + u T_o) / E[R]; T_o is the single-token append (ordinary; pipelined,
+def tpot_ms(costs: dict, k: int, emitted: float, schedule: str, skip: float = 0.0, appends: float = 1.0,
+            ahead: float = 0.0) -> float:
+    """TPOT ~ ((1 - s) T_p(K) + K*T_q + u T_o) / E[R], the share `ahead` of the rounds charged K*T_q2 instead
+    (their block launched ahead, fed two tokens: measured_ahead); T_o is the single-token append (ordinary; pipelined,
     whose append runs beside the next proposal, charges max(K*T_q, u T_o) for the two) or nothing (deferred,
     whose verify batch carries one more token: T_p(K+1)). s is the share of rounds without a verify call:
     the ordinary schedule skips it when the first proposal disagrees with the pending prediction, which
@@ -46,6 +51,7 @@ def tpot_ms(costs: dict, k: int, emitted: float, schedule: str, skip: float = 0.
         return tp[1]
     verify, append = round_calls(tp, k, schedule, appends)
     verify *= 1 - skip
+    tq = (1 - ahead) * tq + ahead * costs.get("T_q2", tq)
     prepare = max(k * tq, append) if schedule == PIPELINED else k * tq + append
     return (verify + prepare) / emitted
 
@@ -99,6 +105,12 @@ def measured_skip(r) -> float:
     return float(r.skipped / r.rounds) if r.schedule != modes.BASELINE and r.rounds > 0 else 0.0
 
 
+def measured_ahead(r) -> float:
+    """The share of a mode's rounds whose proposal block was launched ahead, fed two tokens (launched_ahead /
+    rounds: deferred greedy rounds on a GPU; 0 where the run has no such count)."""
+    return float(r.get("launched_ahead", 0) / r.rounds) if r.schedule != modes.BASELINE and r.rounds > 0 else 0.0
+
+
 def measured_appends(r) -> float:
     """The share of a mode's rounds that append their final token: the run's append calls less each generation's
     first (the initial step's), over its rounds (1 where nothing is appended: deferred, baseline)."""
@@ -120,7 +132,7 @@ def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
         tokens = r.decode_tok_s * r.decode_total_ms / 1000
         initial = r.initial_ms / tokens                                  # I: draft prefill + first append, per token
         skip, appends = measured_skip(r), measured_appends(r)
-        tpot = tpot_ms(call_costs(micro, target_step, r.draft), k, em, r.schedule, skip, appends)
+        tpot = tpot_ms(call_costs(micro, target_step, r.draft), k, em, r.schedule, skip, appends, measured_ahead(r))
         pred = 1000 / (tpot + initial)
         rows.append({"mode": mode, "schedule": r.schedule, "skip share": skip, "append share": appends,
                      "measured tok/s": r.decode_tok_s,
@@ -131,7 +143,8 @@ def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
 
 
 def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd.DataFrame:
-    """Where the model and the run part, per round (ms): the measured draft phase against K*T_q, the
+    """Where the model and the run part, per round (ms): the measured draft phase against K*T_q (K*T_q2 for the
+    rounds launched ahead), the
     measured verify phase against the model's (1 - skip share) T_p, the measured append (finalize) against
     the append share's T_o per round, and the decode time outside the timed phases (host work, and the
     pipelined schedule's wait for its append). The model's per-call costs are notebook 02's isolated draft step
@@ -150,12 +163,14 @@ def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
         spans = r.initial_ms + r.draft_ms + r.verify_ms + (0 if r.schedule == PIPELINED else r.finalize_ms)
         target_calls = r.verify_calls + r.append_calls
         rows.append({"mode": mode, "measured ms/round": r.ms_per_round,
-                     "draft": r.draft_ms / n, "model draft": k * c["T_q"],
+                     "draft": r.draft_ms / n,
+                     "model draft": k * ((1 - measured_ahead(r)) * c["T_q"] + measured_ahead(r) * c["T_q2"]),
                      "verify": r.verify_ms / n, "model verify": (1 - skip) * verify,
                      "finalize": r.finalize_ms / n,
                      "model finalize": append,
                      "initial": r.initial_ms / n, "untimed": (r.decode_total_ms - spans) / n,
-                     "draft ms/token": (r.draft_body_ms + r.draft_head_ms + r.get("draft_block_ms", 0.0)) / (r.mean_block * n), "T_q": c["T_q"],
+                     "draft ms/token": (r.draft_body_ms + r.draft_head_ms + r.get("draft_block_ms", 0.0))
+                     / (r.mean_block * n), "T_q": c["T_q"],
                      "target ms/call": r.target_call_ms / target_calls,
                      "model target ms/call": (r.verify_calls * verify + r.append_calls * c["T_p"][1]) / target_calls,
                      "between calls": (r.verify_ms + r.finalize_ms

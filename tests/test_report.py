@@ -294,7 +294,28 @@ def test_cost_model_interpolates_unmeasured_verify_lengths():
     micro = {"model_step": {"dense": {"mean_ms": 1.0}, "flash": {"mean_ms": 0.5}}}
     costs = costmodel.call_costs(micro, {"verify_ms": {"1": 10.0, "4": 13.0, "8": 15.0}}, "flash")
     assert costs["T_p"] == {1: 10.0, 2: 11.0, 3: 12.0, 4: 13.0, 5: 13.5, 6: 14.0, 7: 14.5, 8: 15.0}
-    assert costs["T_q"] == 0.5
+    assert costs["T_q"] == 0.5 == costs["T_q2"]                               # no block fed two tokens timed
+
+
+def test_cost_model_charges_blocks_launched_ahead_as_fed_two_tokens():
+    """Deferred greedy rounds on a GPU launch the next round's block ahead, fed two tokens (its first step the
+    two-token one): the model charges notebook 02's block fed two tokens for that share of the rounds."""
+    from lib import costmodel
+    st = lambda ms: {"mean_ms": ms}
+    micro = {"block": {"k": 4, "flash": st(4.0), "flash_fed_two": st(6.0)}}   # T_q 1.0, T_q2 1.5 ms a token
+    ts = {"verify_ms": {str(n): 20.0 for n in range(1, 9)}}
+    assert costmodel.call_costs(micro, ts)["T_q2"] == 1.5
+    # half the rounds launched ahead: 20 + 4 * (0.5 * 1.0 + 0.5 * 1.5) = 25 ms a round
+    row = cost_row("deferred", 4, 100, 0, 3.0, 25.0, launched_ahead=50)
+    agg = pd.DataFrame([row], index=["flash_deferred"])
+    assert costmodel.model_check(agg, micro, ts, 4)["model / measured"].iloc[0] == pytest.approx(1.0)
+    phases = costmodel.phase_check(agg.assign(draft_ms=500.0, verify_ms=2000.0, finalize_ms=0.0, ms_per_round=25.0,
+                                              draft_body_ms=500.0, draft_head_ms=0.0, mean_block=4.0,
+                                              target_call_ms=2000.0), micro, ts, 4)
+    assert phases.loc["flash_deferred", "model draft"] == pytest.approx(5.0) == phases.loc["flash_deferred", "draft"]
+    del row["launched_ahead"]                                                  # runs that recorded none: T_q
+    check = costmodel.model_check(pd.DataFrame([row], index=["flash_deferred"]), micro, ts, 4)
+    assert check["model / measured"].iloc[0] == pytest.approx(25.0 / 24.0)
 
 
 # the cost model counts the ordinary schedule's skipped verify calls (issue 22 item 3)
@@ -563,6 +584,9 @@ def test_draft_step_table_reads_bandwidth_and_shares_from_microbench():
     t = draft_step_table(micro)
     assert t.loc["dense", "block p50 per token, fastest instance"] == pytest.approx(0.65)
     assert t.loc["dense", "block p50 per token, slowest instance"] == pytest.approx(0.8)
+    assert "block fed two tokens, ms per token" not in t.columns
+    micro["block"]["dense_fed_two"] = st(3.2)                                   # as deferred rounds launch it ahead
+    assert draft_step_table(micro).loc["dense", "block fed two tokens, ms per token"] == pytest.approx(0.8)
     ratios = pd.DataFrame({"measured flash/dense": [1.02, 1.03], "model flash/dense": [1.025, 1.03]},
                           index=["ordinary", "deferred"])
     fig = head_effect_plot(micro, ratios)

@@ -31,7 +31,8 @@ def draft_step_table(micro: dict) -> pd.DataFrame:
     """Per draft head (GPU profiles): the step on the fused path and on the reference path, the bytes it must read
     (MB), the bandwidth it achieves, its floor and share of the bandwidth, the head's time and share of the step,
     and a round's proposal block (one graph replay) per token beside k single steps per token, with what the head
-    adds to the block per token (the block against the body's alone, where measured) and, where the block was timed
+    adds to the block per token (the block against the body's alone, where measured), the block fed two tokens (as
+    deferred rounds launch it ahead, where measured) and, where the block was timed
     through several instances of the fused step, the fastest and slowest instance's p50; with the FlashHead-over-dense
     step speedup on each path. Means and medians (p50: the step's mean can carry a few slow replays)."""
     step, f, heads, blk = micro["model_step"], micro["floors"], micro["head"], micro.get("block", {})
@@ -49,6 +50,8 @@ def draft_step_table(micro: dict) -> pd.DataFrame:
             out[label].update({"block ms per token": blk[name]["mean_ms"] / blk["k"],
                                "block p50 ms per token": blk[name]["p50_ms"] / blk["k"],
                                "k steps ms per token": blk[f"{name}_steps"]["mean_ms"] / blk["k"]})
+        if f"{name}_fed_two" in blk:                                        # as deferred rounds launch it ahead
+            out[label]["block fed two tokens, ms per token"] = blk[f"{name}_fed_two"]["mean_ms"] / blk["k"]
         if f"{name}_instances" in blk:                                      # the block through each fused step
             p50s = [s["p50_ms"] / blk["k"] for s in blk[f"{name}_instances"]]
             out[label].update({"block p50 per token, fastest instance": min(p50s),

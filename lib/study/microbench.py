@@ -83,9 +83,10 @@ def block_bench(profile: Profile, drafts: dict, x: torch.Tensor, pos: int) -> di
     is timed through BLOCK_INSTANCES instances of its fused step, interleaved: `<draft>` pools their replays,
     `<draft>_instances` gives each one's. `body`: the dense draft's chain with no head (each step fed the same
     token), so that block - body is what a head adds to the block where its kernels overlap the body's last ones
-    (programmatic dependent launch)."""
+    (programmatic dependent launch). `<draft>_fed_two`: the block fed two tokens, as deferred rounds launch it ahead
+    (its first step the two-token one), through the runner's own step."""
     b, k = profile.bench, profile.decode.k
-    fns, same, names = {}, x.view(1), {}
+    fns, same, names, two = {}, x.view(1), {}, x.repeat(1, 2)
     body_only = lambda h: same                                               # one object: one captured graph
     for name, d in drafts.items():
         steps = fused_instances(d.runner)
@@ -93,6 +94,7 @@ def block_bench(profile: Profile, drafts: dict, x: torch.Tensor, pos: int) -> di
         for key, step in zip(names[name], steps):
             fns[key] = instance_block(d.runner, step, d.head.head, x, pos, k)
         fns[f"{name}_steps"] = lambda d=d: [d.head(d.runner.forward(x, pos + i)[:, -1]) for i in range(k)]
+        fns[f"{name}_fed_two"] = lambda d=d: d.runner.chain(d.head.head, two, pos, k)
     fns["body"] = lambda d=drafts[modes.DENSE]: d.runner.chain(body_only, x, pos, k)
     raw = bench.interleaved(fns, b.warmup, max(10, b.iters // 4), x.device)
     out = {"k": k, **{name: bench.stats(ms) for name, ms in raw.items() if "#" not in name}}
