@@ -46,14 +46,18 @@ def tpot_ms(costs: dict, k: int, emitted: float, schedule: str, skip: float = 0.
     only the first round of a generation can skip. Pass the measured share (skipped / rounds) or the
     expectation; 0 charges a verify every round. u is the share of rounds that append: a generation's last
     round has no next token to predict (measured_appends); 1 charges every round, as for a long generation."""
-    tp, tq = costs["T_p"], costs["T_q"]
+    tp, tq = costs["T_p"], draft_token_ms(costs, ahead)
     if schedule == modes.BASELINE:
         return tp[1]
     verify, append = round_calls(tp, k, schedule, appends)
     verify *= 1 - skip
-    tq = (1 - ahead) * tq + ahead * costs.get("T_q2", tq)
     prepare = max(k * tq, append) if schedule == PIPELINED else k * tq + append
     return (verify + prepare) / emitted
+
+
+def draft_token_ms(costs: dict, ahead: float = 0.0) -> float:
+    """A proposed token's draft cost: T_q, and T_q2 (a block fed two tokens) in the share `ahead` of the rounds."""
+    return (1 - ahead) * costs["T_q"] + ahead * costs.get("T_q2", costs["T_q"])
 
 
 def round_call_lengths(k: int) -> dict[str, int]:
@@ -164,7 +168,7 @@ def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
         target_calls = r.verify_calls + r.append_calls
         rows.append({"mode": mode, "measured ms/round": r.ms_per_round,
                      "draft": r.draft_ms / n,
-                     "model draft": k * ((1 - measured_ahead(r)) * c["T_q"] + measured_ahead(r) * c["T_q2"]),
+                     "model draft": k * draft_token_ms(c, measured_ahead(r)),
                      "verify": r.verify_ms / n, "model verify": (1 - skip) * verify,
                      "finalize": r.finalize_ms / n,
                      "model finalize": append,
