@@ -710,3 +710,35 @@ def test_int4_kernel_table_only_for_awq_targets():
     assert kernel_bytes("marlin", 256, 64) == kernel_bytes("gemlite", 256, 64) == int4_bytes(256, 64)
     assert kernel_bytes("w4a16", 256, 64) == 256 * 64 // 2 + 2 * 64 * 4
     assert kernel_bytes("dense_fp16", 256, 64) == 256 * 64 * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flash_extra_bytes_are_the_bytes_a_flash_head_holds(dtype):
+    """The memory table's count is the tensors a FlashHead really holds beside the shared embeddings: its
+    centroids and cluster table (torch path), and on the Triton path the table with the special row as well."""
+    from lib.engine.heads import extended_c2t
+    from lib.report.micro import flash_extra_bytes
+    V, d, c = 512, 48, 32
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(V, d, generator=g).to(dtype)
+    assign = torch.randperm(V, generator=g) % c                                    # 16 tokens a cluster
+    head = FlashHead(weight, torch.randn(c, d, generator=g), assign, 4, [1, 2])
+    held = head.centroids.nbytes + head.c2t.nbytes
+    assert flash_extra_bytes(c, V // c, d, weight.element_size()) == held
+    assert flash_extra_bytes(c, V // c, d, weight.element_size(), triton=True) == held + extended_c2t(head).nbytes
+
+
+def test_head_memory_table_shares_of_the_embeddings_and_the_draft():
+    from lib.report.micro import head_memory_table
+    clustering = {"n_clusters": 9496, "cluster_size": 16, "hidden_size": 1024, "n_tokens": 151936}
+    t = head_memory_table(clustering, {}, "bfloat16")
+    emb = 151936 * 1024 * 2
+    assert t.loc["embeddings (V x d), both heads", "MB"] == pytest.approx(emb / 1e6)
+    assert t.loc["FlashHead centroids (c x d)", "share of the embeddings"] == pytest.approx(1 / 16)   # c = V / 16
+    torch_path = 9496 * 1024 * 2 + 9496 * 16 * 8
+    assert t.loc["FlashHead in all, torch path", "MB"] == pytest.approx(torch_path / 1e6)
+    assert "share of the draft's weights" not in t.columns                         # no body bytes measured (CPU)
+    t = head_memory_table(clustering, {"floors": {"body_bytes": 880932864}}, "bfloat16")
+    assert t.loc["FlashHead in all, torch path", "share of the draft's weights"] == pytest.approx(
+        torch_path / (880932864 + emb))
+    assert t.loc["embeddings (V x d), both heads", "share of the embeddings"] == 1

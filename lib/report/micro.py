@@ -1,9 +1,11 @@
 """Notebook 02's tables of microbench.json and step_breakdown.json beyond the thesis's (those: thesis.py
 micro_tables): each measured call against its hardware floor, a draft step's kernels by kind, the batched heads;
-and notebook 01's cluster-size study (cluster_sizes.json)."""
+notebook 01's cluster-size study (cluster_sizes.json); and FlashHead's memory beside the dense head's (notebook 04)."""
 from __future__ import annotations
 
 import pandas as pd
+
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def floor_table(micro: dict) -> pd.DataFrame:
@@ -149,3 +151,32 @@ def least_read_table(sizes: dict) -> pd.DataFrame:
     t = pd.DataFrame(sizes["least_read"])
     return t.pivot(index="cluster_size", columns="criterion", values="read_fraction")[t.criterion.unique()].rename_axis(
         index="cluster size", columns="least share of dense bytes for")
+
+
+def flash_extra_bytes(n_clusters: int, cluster_size: int, hidden: int, element_bytes: int, triton: bool = False) -> int:
+    """Bytes a FlashHead holds beside the output embeddings it shares with the dense head (lib.engine.heads): its
+    centroids (c, d) in the weights' dtype and its cluster-to-token table (c, b) of int64 ids; on the Triton path
+    also that table with the special tokens' row added ((c + 1, b): extended_c2t). Its special ids (8 bytes each)
+    are left out."""
+    table = n_clusters * cluster_size * 8
+    return n_clusters * hidden * element_bytes + table + ((n_clusters + 1) * cluster_size * 8 if triton else 0)
+
+
+def head_memory_table(clustering: dict, micro: dict, dtype: str) -> pd.DataFrame:
+    """FlashHead's memory overhead (the thesis's future work, 5.3) in MB: what each head path holds beside the
+    output embeddings both heads read, from notebook 01's clustering (V, d, c, b) and the weights' dtype; as a
+    share of those embeddings and, where notebook 02 measured the body's bytes (GPU profiles), of the draft's
+    weights (its body and its tied embeddings)."""
+    c, b, d, v = (clustering[k] for k in ("n_clusters", "cluster_size", "hidden_size", "n_tokens"))
+    size = ELEMENT_BYTES[dtype]
+    emb = v * d * size
+    rows = {"embeddings (V x d), both heads": emb, "FlashHead centroids (c x d)": c * d * size,
+            "FlashHead cluster table (c x b)": c * b * 8,
+            "FlashHead in all, torch path": flash_extra_bytes(c, b, d, size),
+            "FlashHead in all, Triton path": flash_extra_bytes(c, b, d, size, triton=True)}
+    tab = pd.DataFrame({"MB": {k: n / 1e6 for k, n in rows.items()},
+                        "share of the embeddings": {k: n / emb for k, n in rows.items()}})
+    body = micro.get("floors", {}).get("body_bytes")
+    if body:
+        tab["share of the draft's weights"] = [n / (body + emb) for n in rows.values()]
+    return tab

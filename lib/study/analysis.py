@@ -23,6 +23,7 @@ from ..report.summary_json import (acceptance_note, closing_checks, extra_summar
                                    write_summary)
 from ..report.tables import (acceptance_by_group, adaptive_tables, block_policies, call_counts,  # noqa: F401
                              divergence_points, identities, overlap)
+from ..report.micro import head_memory_table  # noqa: F401
 from ..report.thesis import e2e_tables, micro_tables, save_tables, side_by_side, thesis_consistency  # noqa: F401
 from ..results import latest_run  # noqa: F401
 from .common import setup  # noqa: F401
