@@ -172,6 +172,9 @@ class Peers:
     assistant_schedule: str = "constant"   # constant: decode.k a round, no confidence stop; hf_default: HF's own
 
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}   # a profile's dtypes and the bytes of an element
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str                         # the profile file's name (params/<name>.yaml), never set inside it

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+from ..config import DTYPE_BYTES
 
 
 def floor_table(micro: dict) -> pd.DataFrame:
@@ -168,7 +168,7 @@ def head_memory_table(clustering: dict, micro: dict, dtype: str) -> pd.DataFrame
     share of those embeddings and, where notebook 02 measured the body's bytes (GPU profiles), of the draft's
     weights (its body and its tied embeddings)."""
     c, b, d, v = (clustering[k] for k in ("n_clusters", "cluster_size", "hidden_size", "n_tokens"))
-    size = ELEMENT_BYTES[dtype]
+    size = DTYPE_BYTES[dtype]
     emb = v * d * size
     rows = {"embeddings (V x d), both heads": emb, "FlashHead centroids (c x d)": c * d * size,
             "FlashHead cluster table (c x b)": c * b * 8,

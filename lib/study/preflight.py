@@ -7,9 +7,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..config import ConfigError, Profile, load_profile, models_root, outputs_root
+from ..config import DTYPE_BYTES, ConfigError, Profile, load_profile, models_root, outputs_root
 
-BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 HEADROOM = 1.15                                  # estimate x this, plus 200 MB for outputs and tokenizers
 
 
@@ -63,7 +62,7 @@ def disk_needed(profile: Profile) -> int:
     syn = profile.models.synthetic
     if profile.models.source != "synthetic" or (profile.model_dir / "stamp.json").exists():
         return 0
-    b = BYTES[profile.dtype]
+    b = DTYPE_BYTES[profile.dtype]
     draft = decoder_params(syn.draft, syn.vocab_size, tied=True) * b
     target = decoder_params(syn.target, syn.vocab_size, tied=False) * b if syn.save_target else 0
     if syn.target_quant == "awq":
