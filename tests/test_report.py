@@ -736,9 +736,9 @@ def test_head_memory_table_shares_of_the_embeddings_and_the_draft():
     assert t.loc["embeddings (V x d), both heads", "MB"] == pytest.approx(emb / 1e6)
     assert t.loc["FlashHead centroids (c x d)", "share of the embeddings"] == pytest.approx(1 / 16)   # c = V / 16
     torch_path = 9496 * 1024 * 2 + 9496 * 16 * 8
-    assert t.loc["FlashHead in all, torch path", "MB"] == pytest.approx(torch_path / 1e6)
+    assert t.loc["FlashHead's tensors, torch path", "MB"] == pytest.approx(torch_path / 1e6)
     assert "share of the draft's weights" not in t.columns                         # no body bytes measured (CPU)
     t = head_memory_table(clustering, {"floors": {"body_bytes": 880932864}}, "bfloat16")
-    assert t.loc["FlashHead in all, torch path", "share of the draft's weights"] == pytest.approx(
+    assert t.loc["FlashHead's tensors, torch path", "share of the draft's weights"] == pytest.approx(
         torch_path / (880932864 + emb))
     assert t.loc["embeddings (V x d), both heads", "share of the embeddings"] == 1

@@ -163,17 +163,18 @@ def flash_extra_bytes(n_clusters: int, cluster_size: int, hidden: int, element_b
 
 
 def head_memory_table(clustering: dict, micro: dict, dtype: str) -> pd.DataFrame:
-    """FlashHead's memory overhead (the thesis's future work, 5.3) in MB: what each head path holds beside the
-    output embeddings both heads read, from notebook 01's clustering (V, d, c, b) and the weights' dtype; as a
+    """FlashHead's memory overhead (the thesis's future work, 5.3) in MB: the tensors each head path holds beside
+    the output embeddings both heads read, from notebook 01's clustering (V, d, c, b) and the weights' dtype; as a
     share of those embeddings and, where notebook 02 measured the body's bytes (GPU profiles), of the draft's
-    weights (its body and its tied embeddings)."""
+    weights (its body and its tied embeddings). Not counted: the Triton kernels' per-device scratch
+    (lib.engine.kernels.scratch: 8.6 MB at the thesis's 9,496 clusters), which every FlashHead of a size shares."""
     c, b, d, v = (clustering[k] for k in ("n_clusters", "cluster_size", "hidden_size", "n_tokens"))
     size = DTYPE_BYTES[dtype]
     emb = v * d * size
     rows = {"embeddings (V x d), both heads": emb, "FlashHead centroids (c x d)": c * d * size,
             "FlashHead cluster table (c x b)": c * b * 8,
-            "FlashHead in all, torch path": flash_extra_bytes(c, b, d, size),
-            "FlashHead in all, Triton path": flash_extra_bytes(c, b, d, size, triton=True)}
+            "FlashHead's tensors, torch path": flash_extra_bytes(c, b, d, size),
+            "FlashHead's tensors, Triton path": flash_extra_bytes(c, b, d, size, triton=True)}
     tab = pd.DataFrame({"MB": {k: n / 1e6 for k, n in rows.items()},
                         "share of the embeddings": {k: n / emb for k, n in rows.items()}})
     body = micro.get("floors", {}).get("body_bytes")
