@@ -159,7 +159,8 @@ def flash_extra_bytes(n_clusters: int, cluster_size: int, hidden: int, element_b
     also that table with the special tokens' row added ((c + 1, b): extended_c2t). Its special ids (8 bytes each)
     are left out."""
     table = n_clusters * cluster_size * 8
-    return n_clusters * hidden * element_bytes + table + ((n_clusters + 1) * cluster_size * 8 if triton else 0)
+    extended = table + cluster_size * 8 if triton else 0                        # one more row of b ids
+    return n_clusters * hidden * element_bytes + table + extended
 
 
 def head_memory_table(clustering: dict, micro: dict, dtype: str) -> pd.DataFrame:
