@@ -188,6 +188,7 @@ KERNEL_KINDS = (("LM head (Triton)", ("_flash_scores", "_flash_probes", "_flash_
                 ("fused decode attention (Triton)", ("_decode_attention",)),
                 ("fused decode norm (Triton)", ("_decode_norm",)),
                 ("W4A16 int4 GEMM (Triton)", ("_w4a16_kernel",)),
+                ("W4A16 int4 GEMM (CUDA mma)", ("w4a16_mma",)),
                 ("layer attention (Triton)", ("_layer_attention",)),
                 ("layer norm (Triton)", ("_layer_rms_norm",)),
                 ("layer q/k norms, RoPE and cache write (Triton)", ("_layer_rope_cache",)),

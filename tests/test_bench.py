@@ -190,6 +190,8 @@ def test_kernel_kinds_name_hopper_gemms_and_compiled_fusions():
     heads = ("_flash_scores", "_flash_probes", "_flash_tokens", "_dense_argmax")
     assert {kernel_kind(k) for k in heads} == {"LM head (Triton)"}          # not "attention" for the word flash
     assert kernel_kind("_w4a16_kernel") == "W4A16 int4 GEMM (Triton)"
+    assert kernel_kind("void w4a16_mma<false>(unsigned short const*, uint4 const*, unsigned int const*, ...)") == \
+        "W4A16 int4 GEMM (CUDA mma)"
     assert kernel_kind("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_view_w4a16_matmul_4") == \
         "fused elementwise and norms (compiled)"                                 # inductor's fusion named after the op
     assert kernel_kind("_layer_attention") == "layer attention (Triton)"

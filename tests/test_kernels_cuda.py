@@ -184,6 +184,42 @@ def test_w4a16_compiled_is_exact_and_batch_invariant(dtype):
         assert torch.equal(w4a16_matmul(x[4:5], w, tiles), w4a16_matmul(x, w, tiles)[4:5])
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_w4a16_mma_is_exact_batch_invariant_and_graphed(dtype):
+    """The mma W4A16 kernel (lib/models/w4a16_mma.cu, sm_90): within fp32 accumulation of x @ dequantize(W) (the
+    output rounded once, after the residual); a row of a 20-row call (three row tiles) bitwise the row alone and in a
+    graph; Int4Linear on this GPU takes it and says so."""
+    from lib.models import w4a16_mma as MM
+    from lib.models.int4_linear import Int4Linear, kernel_for
+    from lib.models.w4a16 import codes, pack_awq
+    from lib.study.int4_kernels import random_awq
+    if MM.supported(DEV):
+        pytest.skip(f"the mma kernel cannot run here: {MM.supported(DEV)}")
+    torch.manual_seed(8)
+    K, N = 1024, 640
+    qweight, qzeros, scales = random_awq(K, N, DEV)
+    packed = pack_awq(qweight, qzeros, scales.to(dtype))
+    w = MM.pack(codes(packed), packed.groups)
+    x, res = torch.randn(20, K, device=DEV, dtype=dtype), torch.randn(20, N, device=DEV, dtype=dtype)
+    ref = x.float() @ MM.dequantize(w, dtype)
+    y = MM.mma_matmul(x, w)
+    assert ((y.float() - ref).norm() / ref.norm()).item() <= (1e-3 if dtype == torch.float16 else 4e-3)
+    assert ((MM.mma_matmul(x, w, res).float() - (ref + res.float())).norm() / ref.norm()).item() <= 4e-3
+    for r in (0, 7, 8, 19):
+        assert torch.equal(MM.mma_matmul(x[r:r + 1], w), y[r:r + 1])
+    g, out = capture(lambda: MM.mma_matmul(x[:8], w))
+    g.replay()
+    assert torch.equal(out, y[:8])
+    assert kernel_for(DEV) == ("mma", "mma.sync (CUDA, sm_90)")
+
+    class Awq(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qweight, self.qzeros, self.scales, self.group_size, self.bias = qweight, qzeros, scales, 128, None
+
+    assert Int4Linear.from_awq(Awq()).kernel == "mma"
+
+
 def test_rope_cache_on_the_gpu(pair):
     """q/k norms, RoPE and the cache write in one kernel, against the torch path (fp16)."""
     import copy

@@ -1,14 +1,16 @@
 """The W4A16 AWQ int4 matmul (lib/models/w4a16.py) against its torch reference, on the CPU under Triton's interpreter:
 the repacked layout stands for the same weights as AWQ's, agreement with x @ dequantize(...) for 1, 3, 16 and 17
 rows, tiles and split-K, a ragged N, batch invariance (a row of a 9- or 17-row call is bitwise the row alone),
-concatenated projections, the Int4Linear module and the one-line errors. Skipped where Triton is not installed (CI)."""
+concatenated projections, the Int4Linear module (on the CPU: the Triton kernel, saying why not the mma one) and the
+one-line errors. Skipped where Triton is not installed (CI); the mma kernel's layout: tests/test_w4a16_mma.py."""
 import pytest
 import torch
 
 from interpreted import interpreter_env, interpreter_or_skip  # noqa: F401 (interpreter_env: an autouse fixture)
 
 interpreter_or_skip()
-from lib.models.w4a16 import Int4Linear, Tiles, concat, dequantize, pack_awq, split_plan, w4a16_matmul  # noqa: E402
+from lib.models.int4_linear import Int4Linear  # noqa: E402
+from lib.models.w4a16 import Tiles, concat, dequantize, pack_awq, split_plan, w4a16_matmul  # noqa: E402
 from lib.models import quantize as Q  # noqa: E402
 
 
@@ -125,6 +127,7 @@ def test_concatenated_projections_and_module():
             self.group_size, self.bias = 128, None
 
     mods = [Int4Linear.from_awq(Awq(a)), Int4Linear.from_awq(Awq(b))]
+    assert mods[0].kernel == "triton" and mods[0].path.startswith("Triton (not a Hopper")   # a CPU
     alone = [m(x) for m in mods]
     fused = Int4Linear.concat(mods)
     assert (fused.in_features, fused.out_features) == (256, 192)

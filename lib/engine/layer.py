@@ -66,7 +66,7 @@ def gated(mlp, fused: dict, h: torch.Tensor, kernels=None) -> torch.Tensor:
 
 def project(module, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
     """A projection (plus `residual` where given): a weight tensor (fused plain Linears), a plain Linear or a module
-    that says it is `traceable` (lib.models.w4a16's custom op, which adds the residual in its epilogue) is traced
+    that says it is `traceable` (lib.models.int4_linear's custom op, which adds the residual in its epilogue) is traced
     with the layer; any other quantised module (gptqmodel's AWQ kernels) is called opaquely, since dynamo cannot
     trace their Python wrappers (a ContextVar, a lock): one graph break per call, and torch.compile fuses the
     norms, RoPE and attention between."""
@@ -89,7 +89,7 @@ def _opaque(module, x: torch.Tensor) -> torch.Tensor:
 def fuse_projections(layer) -> dict:
     """One projection for q/k/v and one for gate/up, letting one GEMV read each group: plain Linear weights stored
     contiguously (the modules keep views, so nothing is duplicated), or quantised modules whose class can `concat`
-    (lib.models.w4a16.Int4Linear: its modules keep views too). Other quantised layers are left alone ({})."""
+    (lib.models.int4_linear.Int4Linear: its modules keep views too). Other quantised layers are left alone ({})."""
     att, mlp = layer.self_attn, layer.mlp
     groups = {"qkv": (att.q_proj, att.k_proj, att.v_proj), "gate_up": (mlp.gate_proj, mlp.up_proj)}
     mods = [m for g in groups.values() for m in g]
@@ -113,7 +113,8 @@ def _still_views(group, fused, sizes) -> bool:
         return False
     if isinstance(fused, torch.Tensor):
         return all(m.weight.data_ptr() == w.data_ptr() for m, w in zip(group, fused.split(sizes)))
-    return all(m.words.data_ptr() == w.data_ptr() for m, w in zip(group, fused.words.split(sizes, dim=1)))
+    views = type(group[0]).column_views(fused.words, sizes)
+    return all(m.words.data_ptr() == w.data_ptr() for m, w in zip(group, views))
 
 
 def _concat_weights(group, sizes: list[int]) -> torch.Tensor:

@@ -67,8 +67,9 @@ AWQ_CPU_BACKENDS = ("torch_awq", "torch_fused_awq", "auto")   # gptqmodel kernel
 # the fastest that agrees with the dequantised reference and survives graph capture (0.14 ms a layer, flat in
 # verify length 1-8); gemm 0.43 ms, torch_awq dequantises per call, exllama_v2 escapes graph capture (h100awq.yaml).
 AWQ_GPU_DEFAULT = "marlin"
-# This study's own kernel (lib/models/w4a16.py): loaded through AwqConfig with torch_awq, then every AWQ module is
-# swapped for an Int4Linear on the same weights (repacked once); exact and batch-invariant for any number of rows.
+# This study's own kernels (lib/models/int4_linear.py): loaded through AwqConfig with torch_awq, then every AWQ module
+# is swapped for an Int4Linear on the same weights (repacked once: the CUDA mma kernel's layout on Hopper, else the
+# Triton kernel's); exact and batch-invariant for any number of rows.
 W4A16_BACKEND = "triton_w4a16"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")                # safetensors only, never pickles
 
@@ -175,7 +176,7 @@ def load_model(path: str, dtype: str, device: str, awq_backend: str = "", config
     if quant and not any(hasattr(m, "qweight") for m in model.modules()):
         raise RuntimeError(f"{path}: AWQ checkpoint loaded without any quantised layer (backend {awq_backend!r})")
     if quant and awq_backend == W4A16_BACKEND:
-        from .w4a16 import swap_awq_modules                           # Triton: imported only when asked for
+        from .int4_linear import swap_awq_modules                     # Triton: imported only when asked for
         swap_awq_modules(model)
     return model
 

@@ -1,5 +1,6 @@
 """W4A16 matrix multiply for decode and verify: y (M, N) = x (M, K) @ W with AWQ int4 weights, any M, exact
-and batch-invariant; `Int4Linear` puts it in a model as the `triton_w4a16` AWQ backend.
+and batch-invariant; lib/models/int4_linear.py's `Int4Linear` puts it in a model where the mma kernel
+(lib/models/w4a16_mma.py, Hopper) cannot run.
 
 Layout: AWQ's GEMM tensors (qweight (K, N/8), qzeros (K/128, N/8) int32 in AWQ's nibble order, scales
 (K/128, N)) are repacked once at load (`pack_awq`) into
@@ -224,12 +225,16 @@ def concat(ws: list[PackedInt4]) -> PackedInt4:
     return PackedInt4(*(torch.cat(parts, dim=1) for parts in zip(*ws)))
 
 
-def dequantize(w: PackedInt4) -> torch.Tensor:
-    """Torch reference: the (K, N) float32 weight that `w` stands for."""
+def codes(w: PackedInt4) -> torch.Tensor:
+    """The (K, N) codes 0..15 of `w` (int64)."""
     b, n = w.words.shape[0] // 2, w.words.shape[1]
     words = w.words.view(b, 2, n, 8).permute(0, 1, 3, 2)                    # (b, h, r, n)
-    codes = (words[:, :, None, :, None] >> _shifts(words.device)) & 0xF     # (b, h, j, r, t, n)
-    q = codes.reshape(b * 128, n)
+    return ((words[:, :, None, :, None] >> _shifts(words.device)) & 0xF).reshape(b * 128, n)   # (b, h, j, r, t, n)
+
+
+def dequantize(w: PackedInt4) -> torch.Tensor:
+    """Torch reference: the (K, N) float32 weight that `w` stands for."""
+    q = codes(w)
     scales, zeros = w.groups[..., 0].float(), w.groups[..., 1].view(torch.int16).int()
     return (q - zeros.repeat_interleave(128, 0)).float() * scales.repeat_interleave(128, 0)
 
@@ -278,72 +283,3 @@ def tile_counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 DEFAULT_TILES = Tiles()            # what Int4Linear runs (benchmarks set another to compare)
-
-
-@torch.library.custom_op("study::w4a16_matmul", mutates_args=())
-def _w4a16_op(x: torch.Tensor, words: torch.Tensor, groups: torch.Tensor,
-              residual: torch.Tensor | None = None) -> torch.Tensor:
-    return w4a16_matmul(x, PackedInt4(words, groups), DEFAULT_TILES, residual=residual)
-
-
-@_w4a16_op.register_fake
-def _(x, words, groups, residual=None):
-    return x.new_empty(x.shape[0], groups.shape[1])
-
-
-class Int4Linear(torch.nn.Module):
-    """A bias-free Linear of AWQ int4 weights through w4a16_matmul. A custom op, so torch.compile traces the layer
-    around it without a graph break (`traceable`); `concat` fuses projections of one input; the kernel adds a
-    residual in its epilogue (`adds_residual`: lib/engine/layer.py's project), so that the layer's residual add
-    after the projection is not a kernel of its own."""
-    traceable = True
-    adds_residual = True
-
-    def __init__(self, w: PackedInt4):
-        super().__init__()
-        self.in_features, self.out_features = w.words.shape[0] * 64, w.groups.shape[1]
-        for name, t in w._asdict().items():
-            self.register_buffer(name, t)
-        tile_counters(w.words.device, 0)
-
-    @classmethod
-    def from_awq(cls, module) -> "Int4Linear":
-        """From a loaded AWQ module (gptqmodel's: qweight, qzeros, scales, group_size; no bias)."""
-        if getattr(module, "bias", None) is not None:
-            raise ValueError(f"{type(module).__name__} has a bias; the W4A16 backend takes bias-free projections")
-        return cls(pack_awq(module.qweight, module.qzeros, module.scales, getattr(module, "group_size", GROUP)))
-
-    @classmethod
-    def concat(cls, modules) -> "Int4Linear":
-        """One module for `modules` side by side; they keep views of its tensors, so nothing is duplicated."""
-        fused = cls(concat([m.packed for m in modules]))
-        start = 0
-        for m in modules:
-            cols = slice(start, start + m.out_features)
-            m.words, m.groups = fused.words[:, cols], fused.groups[:, cols]
-            start = cols.stop
-        return fused
-
-    @property
-    def packed(self) -> PackedInt4:
-        return PackedInt4(self.words, self.groups)
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        # inference only: the op has no gradient, so x is detached (a compiled layer whose inputs require grad
-        # would otherwise trace a backward through it)
-        x2 = x.detach().reshape(-1, self.in_features)
-        r2 = None if residual is None else residual.detach().reshape(-1, self.out_features).contiguous()
-        y = torch.ops.study.w4a16_matmul(x2, self.words, self.groups, r2)
-        return y.view(*x.shape[:-1], self.out_features)
-
-
-def swap_awq_modules(model) -> int:
-    """Replace every loaded AWQ module of `model` (gptqmodel's: qweight, qzeros, scales) by an Int4Linear on the same
-    weights, freeing the AWQ tensors as it goes; returns how many were swapped."""
-    swapped = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if all(hasattr(child, t) for t in ("qweight", "qzeros", "scales")):
-                setattr(parent, name, Int4Linear.from_awq(child))
-                swapped += 1
-    return swapped

@@ -1,5 +1,6 @@
 """Notebook 02, AWQ int4 targets on a GPU: the target's projections through every W4A16 kernel at hand, at 1-16
-activation rows (decode is 1, verify K + 1): this study's kernel (lib/models/w4a16.py), gptqmodel's AWQ marlin,
+activation rows (decode is 1, verify K + 1): this study's kernels (lib/models/w4a16_mma.py, the CUDA one the target
+runs on Hopper, and lib/models/w4a16.py, the Triton one it runs elsewhere), gptqmodel's AWQ marlin,
 torch's tinygemm, GemLite, and the dense fp16 weight through cuBLAS. Same card, same random AWQ weights (group 128,
 zero point), CUDA-graph replays of 20 calls cycling over enough weight copies (>= 256 MB) that each call reads
 HBM, not L2. A kernel that cannot run here is listed with its error, never replaced by another."""
@@ -24,7 +25,7 @@ from ..results import save_json
 
 ROWS = (1, 2, 4, 8, 16)
 CALLS = 20                                                  # calls in one graph replay
-KERNELS = ("w4a16", "tinygemm", "dense_fp16", "gemlite", "marlin")   # the slow starters (autotuning, an nvcc build) last
+KERNELS = ("w4a16_mma", "w4a16", "tinygemm", "dense_fp16", "gemlite", "marlin")   # the slow starters (autotuning, an nvcc build) last
 # one kernel's process, its JIT build or autotuning included (marlin's nvcc build: about 4 min on an H100)
 KERNEL_TIMEOUT_S = float(os.environ.get("STUDY_INT4_KERNEL_TIMEOUT_S", 300))
 TUNED = "tuned"                  # a profile's folder of launch configs a kernel's own autotuner chose (GemLite's)
@@ -52,7 +53,8 @@ def awq_projection_shapes(profile: Profile) -> dict[str, tuple[int, int]] | None
 def kernel_bytes(kernel: str, K: int, N: int) -> int:
     """Bytes a kernel reads for a (K, N) weight: fp16 for the dense one; this study's W4A16 layout keeps a column's
     scale and zero point in one 4-byte word a group (lib/models/w4a16.py); the others read AWQ's int4_bytes."""
-    return {"dense_fp16": K * N * 2, "w4a16": K * N // 2 + K // GROUP * N * 4}.get(kernel, int4_bytes(K, N))
+    ours = K * N // 2 + K // GROUP * N * 4
+    return {"dense_fp16": K * N * 2, "w4a16": ours, "w4a16_mma": ours}.get(kernel, int4_bytes(K, N))
 
 
 def random_awq(K: int, N: int, device) -> tuple:
@@ -65,7 +67,7 @@ def random_awq(K: int, N: int, device) -> tuple:
 def kernel_call(kernel: str, awq: tuple, K: int, N: int):
     """make(x) -> call for one kernel; each make holds its own copy of the weights and raises where the kernel is
     unavailable (a missing package: only when called)."""
-    return {"w4a16": _w4a16, "marlin": _marlin, "tinygemm": _tinygemm, "gemlite": _gemlite,
+    return {"w4a16": _w4a16, "w4a16_mma": _w4a16_mma, "marlin": _marlin, "tinygemm": _tinygemm, "gemlite": _gemlite,
             "dense_fp16": _dense}[kernel](awq, K, N)
 
 
@@ -79,6 +81,17 @@ def _w4a16(awq: tuple, K: int, N: int):
         from ..models import w4a16                      # Triton
         packed = w4a16.pack_awq(*awq)
         return lambda: w4a16.w4a16_matmul(x, packed)
+    return make
+
+
+def _w4a16_mma(awq: tuple, K: int, N: int):
+    def make(x):
+        from ..models import w4a16, w4a16_mma           # the CUDA kernel, built by nvcc on first use
+        if w4a16_mma.supported(x.device):
+            raise RuntimeError(f"w4a16_mma: {w4a16_mma.supported(x.device)}")
+        packed = w4a16.pack_awq(*awq)
+        w = w4a16_mma.pack(w4a16.codes(packed), packed.groups)
+        return lambda: w4a16_mma.mma_matmul(x, w)
     return make
 
 

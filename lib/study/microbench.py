@@ -178,10 +178,10 @@ def time_target_calls(profile: Profile, fns: dict, dev) -> dict[str, list[float]
     return bench.interleaved(fns, max(2, b.warmup // 4), max(10, b.iters // 10), dev)
 
 
-def w4a16_tiles(projection: str) -> dict | None:
-    """The W4A16 kernel's launch parameters where the target's projections are Int4Linear (only then is Triton
-    imported)."""
-    if projection != "Int4Linear":
+def w4a16_tiles(projection) -> dict | None:
+    """The Triton W4A16 kernel's launch parameters where a target projection runs it (an Int4Linear whose kernel is
+    Triton's; only then is Triton imported)."""
+    if getattr(projection, "kernel", None) != "triton":
         return None
     from ..models import w4a16
     return asdict(w4a16.DEFAULT_TILES)
@@ -197,10 +197,11 @@ def target_step_bench(profile: Profile, target_model=None) -> dict:
     verify = {n: bench.stats(ms) for n, ms in raw.items()}
     quant = getattr(runner.model.config, "quantization_config", None)
     key = "awq_ms" if quant else {"bfloat16": "bf16_ms", "float16": "fp16_ms", "float32": "fp32_ms"}[profile.dtype]
-    projection = type(runner.layers[0].mlp.down_proj).__name__
+    down = runner.layers[0].mlp.down_proj
     result = {"device": bench.device_name(dev), "dtype": profile.dtype, key: verify["1"]["mean_ms"],
-              "projection": projection, "compiled": profile.bench.compile_target,
-              "batch_invariant_rows": runner.rows, "w4a16_tiles": w4a16_tiles(projection), "layers": runner.layer_path,
+              "projection": type(down).__name__, "w4a16_kernel": getattr(down, "path", None),
+              "compiled": profile.bench.compile_target, "batch_invariant_rows": runner.rows,
+              "w4a16_tiles": w4a16_tiles(down), "layers": runner.layer_path,
               "single": verify["1"], "verify_ms": {n: v["mean_ms"] for n, v in verify.items()}, "verify": verify}
     save_json(profile, "target_step.json", result)
     if dev.type == "cuda":                                                   # where a single-token step goes
