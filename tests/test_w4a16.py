@@ -140,6 +140,14 @@ def test_concatenated_projections_and_module():
     assert not _still_views(mods, fused, [64, 128])
 
 
+def test_the_mma_kernel_is_chosen_where_it_can_run(monkeypatch):
+    """Int4Linear's kernel: the mma one on a Hopper GPU with nvcc, unless its output columns are not tiles of 16."""
+    from lib.models import int4_linear, w4a16_mma
+    monkeypatch.setattr(w4a16_mma, "supported", lambda device: "")                # as on an H100 or H200
+    assert int4_linear.kernel_for(torch.device("cpu"), 10240) == ("mma", "mma.sync (CUDA, sm_90)")
+    assert int4_linear.kernel_for(torch.device("cpu"), 40) == ("triton", "Triton (40 columns, not a multiple of 16)")
+
+
 def test_errors():
     awq, _ = random_awq(5)
     w = pack_awq(*awq)

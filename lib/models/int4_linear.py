@@ -14,9 +14,9 @@ from .w4a16_mma import MmaInt4, mma_matmul
 MMA_WORDS_DIMS = 5                 # the mma layout's words: (N/16, K/128, 2, 32, 4); the Triton one's: (K/64, N, 8)
 
 
-def kernel_for(device: torch.device) -> tuple[str, str]:
-    """("mma" or "triton", the path in words): the mma kernel wherever it can run."""
-    why = w4a16_mma.supported(device)
+def kernel_for(device: torch.device, out_features: int = 16) -> tuple[str, str]:
+    """("mma" or "triton", the path in words): the mma kernel wherever it can run (its blocks take 16 columns)."""
+    why = w4a16_mma.supported(device) or (f"{out_features} columns, not a multiple of 16" if out_features % 16 else "")
     return ("triton", f"Triton ({why})") if why else ("mma", "mma.sync (CUDA, sm_90)")
 
 
@@ -66,7 +66,7 @@ class Int4Linear(torch.nn.Module):
         if getattr(module, "bias", None) is not None:
             raise ValueError(f"{type(module).__name__} has a bias; the W4A16 backend takes bias-free projections")
         packed = pack_awq(module.qweight, module.qzeros, module.scales, getattr(module, "group_size", GROUP))
-        kernel, path = (kernel, kernel) if kernel else kernel_for(packed.words.device)
+        kernel, path = (kernel, kernel) if kernel else kernel_for(packed.words.device, packed.groups.shape[1])
         if kernel == "mma":
             packed = w4a16_mma.pack(codes(packed), packed.groups)
         return cls(packed, path)
@@ -74,6 +74,8 @@ class Int4Linear(torch.nn.Module):
     @classmethod
     def concat(cls, modules) -> "Int4Linear":
         """One module for `modules` side by side; they keep views of its tensors, so nothing is duplicated."""
+        if len({m.kernel for m in modules}) > 1:
+            raise ValueError(f"cannot fuse projections run by different W4A16 kernels: {[m.path for m in modules]}")
         parts = [m.packed for m in modules]
         mma = isinstance(parts[0], MmaInt4)
         fused = cls(type(parts[0])(torch.cat([p.words for p in parts], dim=0 if mma else 1),
