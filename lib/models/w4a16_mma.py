@@ -42,13 +42,15 @@ class MmaInt4(NamedTuple):
 
 def supported(device: torch.device) -> str:
     """Why the kernel cannot run on `device` ('' when it can): a Hopper GPU (sm_90) and nvcc (or a build of this
-    source already in the cache) are needed. STUDY_W4A16_MMA=0 turns it off."""
+    source already in the cache) are needed; the first call builds it. STUDY_W4A16_MMA=0 turns it off."""
     if os.environ.get("STUDY_W4A16_MMA", "1") == "0":
         return "off (STUDY_W4A16_MMA=0)"
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
         return "not a Hopper (sm_90) GPU"
-    if not _library_path().exists() and not _nvcc():
-        return "no nvcc to build lib/models/w4a16_mma.cu"
+    try:
+        _library()                                              # built once; a failed build is a reason too
+    except (RuntimeError, OSError) as e:
+        return str(e)
     return ""
 
 
@@ -67,6 +69,8 @@ def _library() -> ctypes.CDLL:
     """The built kernel, from the cache (keyed by the source's hash) or built now (a few seconds)."""
     path = _library_path()
     if not path.exists():
+        if not _nvcc():
+            raise RuntimeError(f"no nvcc to build lib/models/{SOURCE.name}")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         cmd = [_nvcc() or "nvcc", "-O3", "-std=c++17", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC",
