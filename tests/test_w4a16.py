@@ -10,7 +10,8 @@ from interpreted import interpreter_env, interpreter_or_skip  # noqa: F401 (inte
 
 interpreter_or_skip()
 from lib.models.int4_linear import Int4Linear  # noqa: E402
-from lib.models.w4a16 import Tiles, concat, dequantize, pack_awq, split_plan, w4a16_matmul  # noqa: E402
+from lib.models.w4a16 import (Tiles, awq_codes, codes, concat, dequantize, pack_awq, split_plan,  # noqa: E402
+                              w4a16_matmul)
 from lib.models import quantize as Q  # noqa: E402
 
 
@@ -138,6 +139,16 @@ def test_concatenated_projections_and_module():
     assert _still_views(mods, fused, [64, 128])
     mods[1].words = mods[1].words.clone()                          # ...unless a move gave a module its own tensors
     assert not _still_views(mods, fused, [64, 128])
+
+
+def test_both_layouts_pack_awqs_codes_and_groups():
+    """The Triton layout and the mma one (lib/models/w4a16_mma.py) stand for the same weights."""
+    from lib.models import w4a16_mma
+    awq, _ = random_awq(6, N=48)
+    q, groups = awq_codes(*awq)
+    packed, mma = pack_awq(*awq), w4a16_mma.pack(q, groups)
+    assert torch.equal(codes(packed), q) and torch.equal(w4a16_mma.codes(mma), q)
+    assert torch.equal(packed.groups, groups) and torch.equal(w4a16_mma.dequantize(mma), dequantize(packed))
 
 
 def test_the_mma_kernel_is_chosen_where_it_can_run(monkeypatch):

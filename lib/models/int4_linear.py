@@ -8,7 +8,7 @@ import torch
 
 from . import w4a16_mma
 from .quantize import GROUP
-from .w4a16 import DEFAULT_TILES, PackedInt4, codes, pack_awq, tile_counters, w4a16_matmul
+from .w4a16 import DEFAULT_TILES, PackedInt4, awq_codes, pack_awq, tile_counters, w4a16_matmul
 from .w4a16_mma import MmaInt4, mma_matmul
 
 MMA_WORDS_DIMS = 5                 # the mma layout's words: (N/16, K/128, 2, 32, 4); the Triton one's: (K/64, N, 8)
@@ -65,11 +65,9 @@ class Int4Linear(torch.nn.Module):
         (None: kernel_for the module's device)."""
         if getattr(module, "bias", None) is not None:
             raise ValueError(f"{type(module).__name__} has a bias; the W4A16 backend takes bias-free projections")
-        packed = pack_awq(module.qweight, module.qzeros, module.scales, getattr(module, "group_size", GROUP))
-        kernel, path = (kernel, kernel) if kernel else kernel_for(packed.words.device, packed.groups.shape[1])
-        if kernel == "mma":
-            packed = w4a16_mma.pack(codes(packed), packed.groups)
-        return cls(packed, path)
+        awq = (module.qweight, module.qzeros, module.scales, getattr(module, "group_size", GROUP))
+        kernel, path = (kernel, kernel) if kernel else kernel_for(module.qweight.device, module.scales.shape[1])
+        return cls(w4a16_mma.pack(*awq_codes(*awq)) if kernel == "mma" else pack_awq(*awq), path)
 
     @classmethod
     def concat(cls, modules) -> "Int4Linear":

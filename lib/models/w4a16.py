@@ -197,8 +197,10 @@ def _store(out_ptr, res_ptr, at, keep, acc, RESIDUAL: tl.constexpr):
 _EMULATE = interpreted(_w4a16_kernel)
 
 
-def pack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group: int = GROUP) -> PackedInt4:
-    """AWQ GEMM tensors (lib.models.quantize's layout) -> PackedInt4 (the layout above), on their device."""
+def awq_codes(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+              group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """AWQ GEMM tensors (lib.models.quantize's layout), checked -> (codes (K, N), groups (K/128, N, 2): each group's
+    scale and zero point's code as the bits of an int16, in the scales' dtype): what both W4A16 layouts pack."""
     K, n8 = qweight.shape
     N = n8 * 8
     if group != 128 or K % 128:
@@ -208,10 +210,16 @@ def pack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, 
                          f"{tuple(qweight.shape)} {qweight.dtype}, {tuple(qzeros.shape)} {qzeros.dtype}")
     if scales.shape != (K // 128, N) or scales.dtype not in _MAGIC:
         raise ValueError(f"scales must be fp16/bf16 of shape {(K // 128, N)}, got {tuple(scales.shape)} {scales.dtype}")
-    codes = unpack(qweight).view(K // 128, 2, 4, 8, 2, N).to(torch.int64)   # (b, h, j, r, t, n)
-    words = as_int32((codes << _shifts(codes.device)).sum((2, 4)))          # disjoint bits: sum == or; (b, h, r, n)
-    groups = torch.stack([scales, unpack(qzeros).to(torch.int16).view(scales.dtype)], -1)
-    return PackedInt4(words.permute(0, 1, 3, 2).reshape(K // 64, N, 8).contiguous(), groups.contiguous())
+    return unpack(qweight), torch.stack([scales, unpack(qzeros).to(torch.int16).view(scales.dtype)], -1).contiguous()
+
+
+def pack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group: int = GROUP) -> PackedInt4:
+    """AWQ GEMM tensors (lib.models.quantize's layout) -> PackedInt4 (the layout above), on their device."""
+    codes, groups = awq_codes(qweight, qzeros, scales, group)
+    K, N = codes.shape
+    c = codes.view(K // 128, 2, 4, 8, 2, N).to(torch.int64)                 # (b, h, j, r, t, n)
+    words = as_int32((c << _shifts(c.device)).sum((2, 4)))                  # disjoint bits: sum == or; (b, h, r, n)
+    return PackedInt4(words.permute(0, 1, 3, 2).reshape(K // 64, N, 8).contiguous(), groups)
 
 
 def _shifts(device) -> torch.Tensor:

@@ -98,7 +98,8 @@ def _shifts(device) -> torch.Tensor:
 
 
 def pack(codes: torch.Tensor, groups: torch.Tensor) -> MmaInt4:
-    """(K, N) codes 0..15 and a PackedInt4's groups (K/128, N, 2) -> MmaInt4, on their device."""
+    """(K, N) codes 0..15 and the groups (K/128, N, 2) of lib.models.w4a16.awq_codes (a PackedInt4's) -> MmaInt4, on
+    their device."""
     K, N = codes.shape
     if K % 128 or N % 16:
         raise ValueError(f"the mma W4A16 kernel takes K a multiple of 128 and N of 16; got K={K}, N={N}")

@@ -87,10 +87,10 @@ def _w4a16(awq: tuple, K: int, N: int):
 def _w4a16_mma(awq: tuple, K: int, N: int):
     def make(x):
         from ..models import w4a16, w4a16_mma           # the CUDA kernel, built by nvcc on first use
-        if w4a16_mma.supported(x.device):
-            raise RuntimeError(f"w4a16_mma: {w4a16_mma.supported(x.device)}")
-        packed = w4a16.pack_awq(*awq)
-        w = w4a16_mma.pack(w4a16.codes(packed), packed.groups)
+        why = w4a16_mma.supported(x.device)
+        if why:
+            raise RuntimeError(f"w4a16_mma: {why}")
+        w = w4a16_mma.pack(*w4a16.awq_codes(*awq))
         return lambda: w4a16_mma.mma_matmul(x, w)
     return make
 
