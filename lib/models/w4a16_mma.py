@@ -13,9 +13,9 @@ PackedInt4's scale-and-zero words). Same bytes as the Triton layout.
 Measured (one H200, 32B decode shapes, p50 of graphed calls, devtmp/w4cu/mma_ab.py, thirty-sixth session), us at 1
 / 8 rows against the Triton kernel: q/k/v 10.1 / 10.6 (13.4 / 13.8), o 9.0 / 9.4 (11.9 / 12.3), gate/up 39.0 / 40.8
 (48.8 / 48.9), down 22.3 / 23.0 (28.0 / 28.3): a layer's four 80-84 us against 102-103 and a 63 us floor (4.10 TB/s
-copy). Its loop issues 140 instructions a warp for 2,048 weights (the Triton kernel's: 221). The h100awq target step
-on that card (devtmp/mma_step_ab.py, two loads side by side): 7.953 -> 6.456 ms at one token, 7.972 -> 6.459 for a
-verify of 7; tokens equal."""
+copy). Its loop issues 135 instructions a warp for 2,048 weights (offline SASS; the Triton kernel's: 221). The
+h100awq target step on that card (devtmp/mma_step_ab.py, two loads side by side): 7.953 -> 6.456 ms at one token,
+7.972 -> 6.459 for a verify of 7; tokens equal."""
 from __future__ import annotations
 
 import ctypes
