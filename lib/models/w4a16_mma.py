@@ -3,7 +3,7 @@ exact (fp32 sums of the exact products x (q - z), each group scaled once) and ba
 decode and verify calls on sm_90; Int4Linear (lib/models/int4_linear.py) runs it where `supported` says it can, and
 lib/models/w4a16.py's Triton kernel elsewhere.
 
-Layout (`pack`, from a PackedInt4 once at load): words (N/16, K/128, 2, 32, 4) int32, one (tile of 16 columns,
+Layout (`pack`, from AWQ's codes and groups once at load: lib.models.w4a16.awq_codes): words (N/16, K/128, 2, 32, 4) int32, one (tile of 16 columns,
 group) a contiguous 4 KB, lane l = 4g + c's word for step s (16 K) at [.., s // 4, l, s % 4]; bit 4j + 16t holds the
 code of column 16 tile + g + 8 (j % 2) at K = 128 group + 32 (s // 2) + 8c + 4 (s % 2) + 2 (j // 2) + t: the A
 fragment of m16n8k16 (rows g, g + 8; its K index 2c + t + 8 (j // 2)) with K permuted within each 32 so that a lane's
@@ -31,8 +31,7 @@ import torch
 
 from .quantize import as_int32
 
-SOURCE = Path(__file__).with_name("w4a16_mma.cu")
-ROWS = 8                           # activation rows a block takes (the mma's n8); more run in row tiles
+SOURCE = Path(__file__).with_name("w4a16_mma.cu")      # a block: 16 columns, 8 activation rows (more: row tiles)
 
 
 class MmaInt4(NamedTuple):
@@ -69,11 +68,12 @@ def _library() -> ctypes.CDLL:
     """The built kernel, from the cache (keyed by the source's hash) or built now (a few seconds)."""
     path = _library_path()
     if not path.exists():
-        if not _nvcc():
+        nvcc = _nvcc()
+        if not nvcc:
             raise RuntimeError(f"no nvcc to build lib/models/{SOURCE.name}")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [_nvcc() or "nvcc", "-O3", "-std=c++17", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC",
+        cmd = [nvcc, "-O3", "-std=c++17", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC",
                str(SOURCE), "-o", str(tmp)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:

@@ -25,7 +25,8 @@ from ..results import save_json
 
 ROWS = (1, 2, 4, 8, 16)
 CALLS = 20                                                  # calls in one graph replay
-KERNELS = ("w4a16_mma", "w4a16", "tinygemm", "dense_fp16", "gemlite", "marlin")   # the slow starters (autotuning, an nvcc build) last
+# the slow starters (autotuning, an nvcc build) last
+KERNELS = ("w4a16_mma", "w4a16", "tinygemm", "dense_fp16", "gemlite", "marlin")
 # one kernel's process, its JIT build or autotuning included (marlin's nvcc build: about 4 min on an H100)
 KERNEL_TIMEOUT_S = float(os.environ.get("STUDY_INT4_KERNEL_TIMEOUT_S", 300))
 TUNED = "tuned"                  # a profile's folder of launch configs a kernel's own autotuner chose (GemLite's)
