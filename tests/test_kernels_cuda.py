@@ -187,8 +187,8 @@ def test_w4a16_compiled_is_exact_and_batch_invariant(dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_w4a16_mma_is_exact_batch_invariant_and_graphed(dtype):
     """The mma W4A16 kernel (lib/models/w4a16_mma.cu, sm_90): within fp32 accumulation of x @ dequantize(W) (the
-    output rounded once, after the residual); a row of a 20-row call (three row tiles) bitwise the row alone and in a
-    graph; Int4Linear on this GPU takes it and says so."""
+    output rounded once, after the residual); a row of a 20-row call (blocks of two row tiles of 8) bitwise the row
+    alone (one tile), in a 12-row call and in a graph; Int4Linear on this GPU takes it and says so."""
     from lib.models import w4a16_mma as MM
     from lib.models.int4_linear import Int4Linear, kernel_for
     from lib.models.w4a16 import codes, pack_awq
@@ -207,6 +207,7 @@ def test_w4a16_mma_is_exact_batch_invariant_and_graphed(dtype):
     assert ((MM.mma_matmul(x, w, res).float() - (ref + res.float())).norm() / ref.norm()).item() <= 4e-3
     for r in (0, 7, 8, 19):
         assert torch.equal(MM.mma_matmul(x[r:r + 1], w), y[r:r + 1])
+    assert torch.equal(MM.mma_matmul(x[:12], w), y[:12])
     g, out = capture(lambda: MM.mma_matmul(x[:8], w))
     g.replay()
     assert torch.equal(out, y[:8])

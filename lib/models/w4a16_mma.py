@@ -3,19 +3,19 @@ exact (fp32 sums of the exact products x (q - z), each group scaled once) and ba
 decode and verify calls on sm_90; Int4Linear (lib/models/int4_linear.py) runs it where `supported` says it can, and
 lib/models/w4a16.py's Triton kernel elsewhere.
 
-Layout (`pack`, from AWQ's codes and groups once at load: lib.models.w4a16.awq_codes): words (N/16, K/128, 2, 32, 4) int32, one (tile of 16 columns,
-group) a contiguous 4 KB, lane l = 4g + c's word for step s (16 K) at [.., s // 4, l, s % 4]; bit 4j + 16t holds the
-code of column 16 tile + g + 8 (j % 2) at K = 128 group + 32 (s // 2) + 8c + 4 (s % 2) + 2 (j // 2) + t: the A
-fragment of m16n8k16 (rows g, g + 8; its K index 2c + t + 8 (j // 2)) with K permuted within each 32 so that a lane's
-activations for steps s, s + 1 are 8 contiguous halves. groups (K/128, N) int32: scale bits | zero code << 16 (the
-PackedInt4's scale-and-zero words). Same bytes as the Triton layout.
+Layout (`pack`, once at load, from AWQ's codes and groups: lib.models.w4a16.awq_codes): words (N/16, K/128, 2, 32,
+4) int32, one (tile of 16 columns, group) a contiguous 4 KB, lane l = 4g + c's word for step s (16 K) at [.., s // 4,
+l, s % 4]; bit 4j + 16t holds the code of column 16 tile + g + 8 (j % 2) at K = 128 group + 32 (s // 2) + 8c + 4
+(s % 2) + 2 (j // 2) + t: the A fragment of m16n8k16 (rows g, g + 8; its K index 2c + t + 8 (j // 2)) with K
+permuted within each 32 so that a lane's activations for steps s, s + 1 are 8 contiguous halves. groups (K/128, N)
+int32: scale bits | zero code << 16 (the PackedInt4's scale-and-zero words). Same bytes as the Triton layout.
 
-Measured (one H200, 32B decode shapes, p50 of graphed calls, devtmp/w4cu/mma_ab.py, thirty-sixth session), us at 1
-/ 8 rows against the Triton kernel: q/k/v 10.1 / 10.6 (13.4 / 13.8), o 9.0 / 9.4 (11.9 / 12.3), gate/up 39.0 / 40.8
-(48.8 / 48.9), down 22.3 / 23.0 (28.0 / 28.3): a layer's four 80-84 us against 102-103 and a 63 us floor (4.10 TB/s
-copy). Its loop issues 135 instructions a warp for 2,048 weights (offline SASS; the Triton kernel's: 221). The
-h100awq target step on that card (devtmp/mma_step_ab.py, two loads side by side): 7.953 -> 6.456 ms at one token,
-7.972 -> 6.459 for a verify of 7; tokens equal."""
+Measured (one H200, 32B decode shapes, p50 of graphed calls, notebook 02's int4 table run by devtmp/int4_table.py,
+thirty-seventh session): a layer's four projections 79.0 / 79.7 / 80.2 / 82.6 / 138.9 us at 1 / 2 / 4 / 8 / 16 rows,
+against the Triton kernel's 101-105, gptqmodel's marlin 112-125 and a 61-63 us floor (4.1 TB/s copy); every row
+bitwise the same in calls of any length. Its loop issues 136 instructions a warp for 2,048 weights (offline SASS; the
+Triton kernel's: 221). The h100awq target step on that card (devtmp/mma_step_ab.py, two loads side by side): 7.953 ->
+6.456 ms at one token, 7.972 -> 6.459 for a verify of 7; tokens equal."""
 from __future__ import annotations
 
 import ctypes
@@ -31,7 +31,7 @@ import torch
 
 from .quantize import as_int32
 
-SOURCE = Path(__file__).with_name("w4a16_mma.cu")      # a block: 16 columns, 8 activation rows (more: row tiles)
+SOURCE = Path(__file__).with_name("w4a16_mma.cu")      # a block: 16 columns, 8 activation rows (16 past 8)
 
 
 class MmaInt4(NamedTuple):
