@@ -10,12 +10,13 @@ l, s % 4]; bit 4j + 16t holds the code of column 16 tile + g + 8 (j % 2) at K = 
 permuted within each 32 so that a lane's activations for steps s, s + 1 are 8 contiguous halves. groups (K/128, N)
 int32: scale bits | zero code << 16 (the PackedInt4's scale-and-zero words). Same bytes as the Triton layout.
 
-Measured (one H200, 32B decode shapes, p50 of graphed calls, notebook 02's int4 table run by devtmp/int4_table.py,
-thirty-seventh session): a layer's four projections 79.0 / 79.7 / 80.2 / 82.6 / 138.9 us at 1 / 2 / 4 / 8 / 16 rows,
-against the Triton kernel's 101-105, gptqmodel's marlin 112-125 and a 61-63 us floor (4.1 TB/s copy); every row
-bitwise the same in calls of any length. Its loop issues 136 instructions a warp for 2,048 weights (offline SASS; the
-Triton kernel's: 221). The h100awq target step on that card (devtmp/mma_step_ab.py, two loads side by side): 7.953 ->
-6.456 ms at one token, 7.972 -> 6.459 for a verify of 7; tokens equal."""
+Measured (one H200, 32B decode shapes, p50 of graphed calls; notebook 02's int4 table, every kernel in one call, run
+by devtmp/int4_table.py in the thirty-seventh session): a layer's four projections 79.1 / 79.8 / 80.1 / 82.3 / 153.1
+us at 1 / 2 / 4 / 8 / 16 rows, against the Triton kernel's 101-105, gptqmodel's marlin 112-125 and a 63 us floor (4.1
+TB/s copy); every row bitwise the same in calls of any length. Since then blocks take two row tiles past 8 rows: 138.3
+us at 16 (another H200; bitwise the same outputs). Its loop issues 136 instructions a warp for 2,048 weights (offline
+SASS; the Triton kernel's: 221). The h100awq target step on one H200 (devtmp/mma_step_ab.py, two loads side by side):
+7.992 -> 6.489 ms at one token, 8.025 -> 6.490 for a verify of 7; tokens equal."""
 from __future__ import annotations
 
 import ctypes
