@@ -1,0 +1,94 @@
+"""Notebook 04: reads notebooks 01-03's result files (the latest end-to-end run, clustering.json,
+microbench.json, target_step.json and the side studies' files where they ran) and hands them to lib/report,
+which makes every table, figure and summary.json from them. Needs no GPU and loads no model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ..config import Profile
+from ..report import sampling as sampling_report
+from ..report.peers import table as peers_table
+from ..report.tables import aggregate, records_frame, run_kernels
+from ..results import finish_time, finished, read_json, read_records, runs_of
+
+# What notebook 04 shows, reached through its one import of this module.
+from ..costmodel import (context_projection, head_ratios, model_check, phase_check, projection_grid,  # noqa: F401
+                         projections)
+from ..report.context import context_plot  # noqa: F401
+from ..report.figures import (adaptive_plots, block_length_plot, divergence_gap_plot, figures,  # noqa: F401
+                              head_effect_plot, policy_rounds_plot, projection_heatmap)
+from ..report.summary_json import (acceptance_note, closing_checks, extra_summary, run_source, summary,  # noqa: F401
+                                   write_summary)
+from ..report.tables import (acceptance_by_group, adaptive_tables, block_policies, call_counts,  # noqa: F401
+                             divergence_points, identities, overlap)
+from ..report.thesis import e2e_tables, micro_tables, save_tables, side_by_side, thesis_consistency  # noqa: F401
+from ..results import latest_run  # noqa: F401
+from .common import setup  # noqa: F401
+
+
+def run_frames(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A run's raw records as a frame (report.tables.records_frame) and their per-mode aggregate, with the head
+    kernel that picked each mode's tokens (from the run's config.json)."""
+    df = records_frame(read_records(run))
+    return df, aggregate(df, run_kernels(run))
+
+
+def optional_json(profile: Profile, name: str) -> dict | None:
+    """The profile's result file `name`, or None where the step that writes it did not run."""
+    return read_json(profile, name) if (profile.out_dir / name).exists() else None
+
+
+def sampling_against_greedy(profile: Profile, agg: pd.DataFrame) -> pd.DataFrame | None:
+    """sampling.json's acceptance, mean emitted and decode tok/s per mode and temperature beside the greedy run's
+    (temperature 0, `agg`); None without the sampling study."""
+    data = optional_json(profile, "sampling.json")
+    return None if data is None else sampling_report.against_greedy(data, agg)
+
+
+def adaptive_results(profile: Profile) -> dict | None:
+    """adaptive.json (notebook 03's adaptive probes and bandit drafters), or None without the study."""
+    return optional_json(profile, "adaptive.json")
+
+
+def divergences(profile: Profile) -> pd.DataFrame:
+    """divergences.json's rows, one per sample that leaves the baseline (none: an empty frame)."""
+    data = optional_json(profile, "divergences.json")
+    return pd.DataFrame(data["divergences"]) if data is not None else pd.DataFrame()
+
+
+def peers(profile: Profile, agg: pd.DataFrame) -> pd.DataFrame | None:
+    """peers.json's methods beside notebook 03's baseline and fastest speculative mode; None without peers.json."""
+    data = optional_json(profile, "peers.json")
+    return None if data is None else peers_table(data, agg)
+
+
+RATIOS = " flash/dense"                 # subset_runs' key of a run's FlashHead/dense ratios: <run name> + RATIOS
+
+
+def newest_ratios(run: Path, ratios: pd.DataFrame, subsets: dict[str, pd.DataFrame]) -> tuple[str, pd.DataFrame]:
+    """(name, FlashHead/dense ratios) of the run that finished last: the e2e run `run` (its `ratios`) or one of
+    subset_runs' runs, so that the figure beside notebook 02's draft step shows the newest end-to-end run."""
+    found = {run.name: (finish_time(run), ratios)}
+    for name, tab in subsets.items():
+        if name.endswith(RATIOS):
+            sub = name.removesuffix(RATIOS)
+            found[sub] = (finish_time(run.parent / sub), tab)
+    name = max(found, key=lambda n: found[n][0])
+    return name, found[name][1]
+
+
+def subset_runs(profile: Profile, micro: dict, target_step: dict, name: str = "fused-draft") -> dict[str, pd.DataFrame]:
+    """Finished runs of a subset of modes named `name`-* (runs/fused-draft-*: the fused draft end to end, written
+    where notebook 03's full run did not fit a session's device time): per run, each mode's decode tok/s,
+    acceptance and exact-match rate beside the cost model's prediction from this profile's microbench.json and
+    target_step.json, then FlashHead over dense per schedule, measured and modelled."""
+    out = {}
+    for run in runs_of(profile.out_dir, name):
+        if finished(run):
+            agg = run_frames(run)[1]
+            check = model_check(agg, micro, target_step, profile.decode.k)
+            out[run.name] = check.join(agg[["acceptance", "exact_match_rate"]])
+            out[run.name + RATIOS] = head_ratios(check)
+    return out
