@@ -80,6 +80,14 @@ def test_the_table_and_figure_show_every_setting(study):
     assert labels == [f"{b} tokens a cluster" for b in SIZES] + ["dense head"]
 
 
+def test_an_empty_sweep_runs_no_study(tmp_path, monkeypatch):
+    """h100awq and two_gpu_awq sweep no sizes (their draft is h100's): no study, no file, nothing for the notebook."""
+    monkeypatch.setenv("STUDY_OUTPUTS", str(tmp_path))
+    p = smoke(size_sweep=[])
+    assert reclustering.cluster_size_study(p, progress=False) is None
+    assert not (p.out_dir / "cluster_sizes.json").exists()
+
+
 def test_a_size_that_does_not_divide_the_vocabulary_stops_in_one_line():
     with pytest.raises(ConfigError, match=r"size_sweep: \[3\] do not divide the vocabulary \(4096 tokens\)"):
         reclustering.cluster_size_study(smoke(size_sweep=[16, 3]), progress=False)

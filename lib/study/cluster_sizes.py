@@ -29,9 +29,12 @@ LEVELS = (0.90, 0.95)          # containment levels the summary gives each clust
 TARGET_SLACK = 0.01            # ... and agreement with the target within this of the dense head's
 
 
-def cluster_size_study(profile: Profile, progress: bool = True) -> dict:
-    """Every cluster size of clustering.size_sweep at equal numbers of scored tokens (see the module's text)."""
+def cluster_size_study(profile: Profile, progress: bool = True) -> dict | None:
+    """Every cluster size of clustering.size_sweep at equal numbers of scored tokens (see the module's text); None
+    (and no file) where the sweep is empty, as in the AWQ profiles, whose draft is their bf16 profile's."""
     c = profile.clustering
+    if not c.size_sweep:
+        return None
     draft, tok = checkpoints.load_draft(profile), checkpoints.load_tokenizer(profile)
     W = draft.get_output_embeddings().weight.detach()
     V = W.shape[0]
