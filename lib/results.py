@@ -105,22 +105,22 @@ def git_commit() -> str:
     STUDY_COMMIT, where set, names it instead: a copy of the tree whose git metadata is not its own (a remote
     GPU machine given the working tree) would otherwise report the wrong commit. It is honoured only when
     lib/ and notebooks/ are exactly that commit's: checked with git where it knows the commit, or against the
-    code digest of a claim '<commit>:<digest>' (commit_claim, `python -m lib.preflight --claim`) on a copy
+    code digest of a claim '<commit>:<digest>' (commit_claim, `python -m lib.study.preflight --claim`) on a copy
     without git metadata; a claim that is wrong or cannot be checked is refused."""
     claimed = os.environ.get("STUDY_COMMIT")
     if claimed and ":" in claimed:
         commit, digest = claimed.split(":", 1)
         if code_digest() != digest:
             raise ValueError(f"STUDY_COMMIT={commit}: lib/ or notebooks/ differ from the claimed code digest; "
-                             "unset it, or claim again at a clean commit (python -m lib.preflight --claim)")
+                             "unset it, or claim again at a clean commit (python -m lib.study.preflight --claim)")
         return commit
     if claimed:
         try:
             ok = tree_matches(claimed.removesuffix("+dirty"))
         except (OSError, subprocess.CalledProcessError):
             raise ValueError(f"STUDY_COMMIT={claimed}: not a commit this checkout's git history knows, so the "
-                             "claim cannot be checked; give '<commit>:<digest>' (python -m lib.preflight --claim) "
-                             "or unset it") from None
+                             "claim cannot be checked; give '<commit>:<digest>' "
+                             "(python -m lib.study.preflight --claim) or unset it") from None
         if not ok and not claimed.endswith("+dirty"):
             raise ValueError(f"STUDY_COMMIT={claimed}: lib/ or notebooks/ differ from that commit's; unset it "
                              "or commit the changes")

@@ -36,7 +36,7 @@ def exit_agreement(model, prompt: list[int], trajectory: list[int], depths) -> d
 
 def simulate_rounds(agree: np.ndarray, k: int) -> list[int]:
     """Accepted proposals per round of greedy speculative decoding (block length k) along a trajectory of
-    len(agree) + 1 tokens with draft agreement `agree` (as lib.speculative emits them, stop token included)."""
+    len(agree) + 1 tokens with draft agreement `agree` (as lib.engine.speculative emits them, stop token included)."""
     T, j, out = len(agree) + 1, 1, []
     while j < T:
         a = 0

@@ -1,6 +1,7 @@
 """Checks before any model work or disk write: the profile parses, its devices exist, a STUDY_COMMIT claim
 matches the code, its inputs are on this machine and there is room on disk for what it will write.
-`python -m lib.preflight PROFILE` prints one line and exits 2 when a check fails (make reproduce runs it first)."""
+`python -m lib.study.preflight PROFILE` prints one line and exits 2 when a check fails (make reproduce runs it
+first)."""
 from __future__ import annotations
 
 import shutil
@@ -125,8 +126,8 @@ def check(profile: Profile) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m lib.preflight PROFILE   (or --claim: the STUDY_COMMIT for a copy of this checkout)",
-              file=sys.stderr)
+        print("usage: python -m lib.study.preflight PROFILE   (or --claim: the STUDY_COMMIT for a copy of this "
+              "checkout)", file=sys.stderr)
         return 2
     if argv[0] == "--claim":
         from ..results import commit_claim
