@@ -5,8 +5,10 @@
   function of result files and never loads a model); lib/study anything;
 - each notebook imports only its own step module, lib.study.<step> (and lib.config);
 - no module over 350 lines, no function over 50 lines or over 7 parameters (Triton kernels excepted: their
-  parameters are the pointers, strides and sizes the GPU program is launched with)."""
+  parameters are the pointers, strides and sizes the GPU program is launched with);
+- every library file and `python -m lib...` command that the code and the docs name exists."""
 import ast
+import re
 from pathlib import Path
 
 import nbformat
@@ -165,3 +167,27 @@ def test_the_size_check_finds_planted_long_code(tmp_path):
 
 def test_modules_and_functions_stay_short():
     assert not too_long(), "\n".join(too_long())
+
+
+def named_paths(text: str) -> set[str]:
+    """The library's files and modules a text tells its reader to open or run: lib/... .py or .cu paths, and the
+    modules of `python -m lib...` commands."""
+    files = set(re.findall(r"(?<![\w/.])(lib/[\w/]+\.(?:py|cu))", text))
+    modules = {m.replace(".", "/") + ".py" for m in re.findall(r"python3? -m (lib(?:\.\w+)+)", text)}
+    return files | modules
+
+
+def test_the_name_check_finds_planted_names():
+    assert named_paths("see lib/engine/decode.py; run `python -m lib.study.preflight --claim`") == {
+        "lib/engine/decode.py", "lib/study/preflight.py"}
+
+
+def test_every_library_file_and_command_named_in_the_code_and_the_docs_exists():
+    """A moved module leaves no error message, docstring, comment, notebook or README line pointing at its old
+    place (`python -m lib.preflight` in the claim errors once did)."""
+    texts = [*LIB.rglob("*.py"), *LIB.rglob("*.cu"), *(ROOT / "notebooks").glob("*.ipynb"),
+             *(ROOT / "notebooks").glob("*.py"), *(ROOT / "params").glob("*.yaml"), ROOT / "README.md",
+             ROOT / "Makefile"]
+    missing = {f"{p.relative_to(ROOT)}: {name}" for p in texts for name in named_paths(p.read_text())
+               if not (ROOT / name).exists()}
+    assert not missing, sorted(missing)
