@@ -177,10 +177,10 @@ __global__ void __launch_bounds__(256) w4a16_mma(const uint16_t* __restrict__ x,
     }
 }
 
-// 0, or a CUDA error; -1 for arguments the kernel does not take
+// 0, or a CUDA error; -1 for arguments the kernel does not take (4-8 warps: the epilogue's 128 threads write a tile)
 extern "C" int w4a16_mma_launch(const void* x, const void* words, const void* groups, const void* res, void* out,
                                 int M, int N, int K, int stride_x, int warps, int bf16, int pdl, void* stream) {
-    if (M < 1 || N % 16 || K % 128 || stride_x % 8 || warps < 1 || warps > 8) return -1;
+    if (M < 1 || N % 16 || K % 128 || stride_x % 8 || warps < 4 || warps > 8) return -1;
     cudaLaunchConfig_t cfg = {};
     const int rt = M > 8 ? 2 : 1;
     cfg.gridDim = dim3(N / 16, (M + 8 * rt - 1) / (8 * rt));
