@@ -34,7 +34,7 @@ def threshold_drafter(t: float) -> str:
     """The name of the adaptive-probe head at threshold t in the adaptive study: 'adaptive_t<t>'."""
     return f"adaptive_t{t:g}"
 
-# schedule -> label suffix (see lib/engine/speculative.py for what each does)
+# schedule -> label suffix (see lib/engine/rounds.py for what each does)
 SCHEDULES = {"ordinary": "", "pipelined": ", pipelined", "deferred": ", deferred"}
 ORDINARY, PIPELINED, DEFERRED = SCHEDULES
 

@@ -5,8 +5,9 @@ kernels of lib/engine/kernels.py (dense) and flash_kernels.py for one hidden sta
 an fp32 selection on probe hidden states; a head that cannot have them (Triton not importable, a disagreement, an
 exception, too many special tokens) raises KernelUnavailable with one line naming the reason: there is no fallback.
 kernel="torch", and any head on a CPU, runs torch ops (on a CPU that is the path, not a fallback: head_kernel
-applies to CUDA only). Every head says which path it really runs: `kernel_ran`, "triton" or "torch" (batches of
-hidden states always take the torch path; the engine's draft step is one hidden state)."""
+applies to CUDA only). Every head says which path it really runs: `kernel_ran`, "triton" or "torch" (`__call__` on
+more than one hidden state takes the torch path; FlashHead.batched runs the batched Triton kernel on a GPU and says so
+in `batched_ran`; the engine's draft step is one hidden state)."""
 from __future__ import annotations
 
 import torch

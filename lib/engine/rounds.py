@@ -21,9 +21,10 @@ start) one token fed, the pending prediction after it (greedy the argmax (1,), s
 the next token of target-only generation; propose(draft, s, kk) the proposals (kk,) and what judging them needs
 (greedy None, sampling their q); verify(target, props, q, pending, s, kk) -> (accepted proposals as host ids,
 final token id, final token (1,) on the device, whether the target was called), pending None: the deferred batch.
-Deferred greedy rounds of a plain draft on a GPU launch the next round's block before the verify result is read
-(Rounds.launch_next; Result.launched_ahead counts the rounds that used it); ordinary greedy rounds on a GPU launch
-the final token's append there (Rounds.launch_append), so the target's GPU goes from the verify to the append.
+Deferred greedy rounds of a plain draft at a fixed K on a GPU launch the next round's block before the verify
+result is read (Rounds.launch_next; Result.launched_ahead counts the rounds that used it); ordinary greedy rounds on
+a GPU launch the final token's append there (Rounds.launch_append), so the target's GPU goes from the verify to the
+append.
 
 Drafts may choose something per round (lib/engine/adaptive.py): the loop calls draft.begin_round() before each
 round and draft.end_round(proposed, accepted) after it, and draft.begin_generation() / end_generation(result)

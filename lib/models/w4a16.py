@@ -8,7 +8,7 @@ Layout: AWQ's GEMM tensors (qweight (K, N/8), qzeros (K/128, N/8) int32 in AWQ's
       k = 128b + 16(4h + j) + 2r + t (K-block b = one group); a program's (columns, 8) tile is contiguous,
   groups (K/128, N, 2) in the scales' dtype (fp16 or bf16): [..., 0] the group's scale, [..., 1] its zero point's
       code (0..15) as the bits of an int16; group 128 only. A column's scale and zero point are one 4-byte word
-      (AWQ stores 2.5 bytes: 1.6 % more bytes in all).
+      (AWQ stores 2.5 bytes: 2.3 % more bytes in all).
 So a mask of a word leaves the codes of k and k + 1 (neighbours in K) in its two 16-bit halves, which is where
 the tensor cores want a thread's pair of an operand, and chunk 4h + j of a K-block (16 K positions) is in bits
 4j.. of 8 words.

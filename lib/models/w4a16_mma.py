@@ -4,7 +4,7 @@ decode and verify calls on sm_90; Int4Linear (lib/models/int4_linear.py) runs it
 lib/models/w4a16.py's Triton kernel elsewhere.
 
 Layout (`pack`, once at load, from AWQ's codes and groups: lib.models.w4a16.awq_codes): words (N/16, K/128, 2, 32,
-4) int32, one (tile of 16 columns, group) a contiguous 4 KB, lane l = 4g + c's word for step s (16 K) at [.., s // 4,
+4) int32, one (tile of 16 columns, group) a contiguous 1 KB, lane l = 4g + c's word for step s (16 K) at [.., s // 4,
 l, s % 4]; bit 4j + 16t holds the code of column 16 tile + g + 8 (j % 2) at K = 128 group + 32 (s // 2) + 8c + 4
 (s % 2) + 2 (j // 2) + t: the A fragment of m16n8k16 (rows g, g + 8; its K index 2c + t + 8 (j // 2)) with K
 permuted within each 32 so that a lane's activations for steps s, s + 1 are 8 contiguous halves. groups (K/128, N)

@@ -8,7 +8,7 @@ rows that each probe p uniform random clusters independently would touch. Both h
 head: one GEMM and an argmax; FlashHead.batched: on a GPU its batched Triton kernel, on a CPU union_select, one GEMM
 over the union) are timed at each B on the first batch drawn, and the bytes each must read are given beside them:
 their ratio bounds what FlashHead can gain over the dense head where both are bound by reading weights. On a GPU
-each call is a CUDA-graph replay (bench.cuda_graphs).
+each call is a CUDA-graph replay (bench.cuda_graphs) where the batched Triton kernel runs (head_kernel: triton).
 Writes head_batches.json."""
 from __future__ import annotations
 
