@@ -14,9 +14,10 @@ Measured (one H200, 32B decode shapes, p50 of graphed calls; notebook 02's int4 
 by devtmp/int4_table.py in the thirty-seventh session): a layer's four projections 79.1 / 79.8 / 80.1 / 82.3 / 153.1
 us at 1 / 2 / 4 / 8 / 16 rows, against the Triton kernel's 101-105, gptqmodel's marlin 112-125 and a 63 us floor (4.1
 TB/s copy); every row bitwise the same in calls of any length. Since then blocks take two row tiles past 8 rows: 138.3
-us at 16 (another H200; bitwise the same outputs). Its loop issues 136 instructions a warp for 2,048 weights (offline
-SASS; the Triton kernel's: 221). The h100awq target step on one H200 (devtmp/mma_step_ab.py, two loads side by side):
-7.992 -> 6.489 ms at one token, 8.025 -> 6.490 for a verify of 7; tokens equal."""
+us at 16 (another H200; bitwise the same outputs), still over the Triton kernel's 104.5. Its loop issues 136
+instructions a warp for 2,048 weights (offline SASS; the Triton kernel's: 221). The h100awq target step on one H200
+(devtmp/mma_step_ab.py, two loads side by side): 7.992 -> 6.489 ms at one token, 8.025 -> 6.490 for a verify of 7;
+tokens equal."""
 from __future__ import annotations
 
 import ctypes
