@@ -30,9 +30,11 @@ def note(message: str) -> None:
     print(message)
 
 
-def steps(items: Iterable[T], stage: str, unit: str = "", before: int = 0) -> Iterator[T]:
+def steps(items: Iterable[T], stage: str, unit: str = "", before: int = 0, name=None) -> Iterator[T]:
     """Iterate over items, reporting `stage: done/total unit` as each one finishes; `before` items of the same
-    stage were done earlier (a resumed run), so done counts from there and the total includes them."""
+    stage were done earlier (a resumed run), so done counts from there and the total includes them. `name`
+    (item -> str) marks items whose costs differ too much for an estimate of the time left (the int4 kernels: one
+    builds for minutes at first use): each one's name is reported as it starts, and no estimate is made."""
     items = list(items)
     total = before + len(items)
     if not os.environ.get("STUDY_PROGRESS"):
@@ -40,11 +42,16 @@ def steps(items: Iterable[T], stage: str, unit: str = "", before: int = 0) -> It
         yield from tqdm(items, desc=stage, total=total, initial=before)
         return
     event = {"stage": stage, "done": before, "total": total, "unit": unit, "start": before}
+    if name:
+        event["uneven"] = True
     _emit(event)
     last = time.monotonic()
     for item in items:
+        if name:
+            _emit({**event, "now": name(item)})
         yield item
         event["done"] += 1
+        event.pop("now", None)
         if event["done"] == total or time.monotonic() - last >= EVERY_S:
             _emit(event)
             last = time.monotonic()

@@ -75,8 +75,10 @@ class Watch:
             took = (s.get("time", now) if finished else now) - self.stage_start[s["stage"]]
             line += f" · {s['stage']}: {s['done']}/{s['total']} {s['unit']}".rstrip() + \
                 (f", done in {duration(took)}" if finished else f", {duration(took)}")
+            if s.get("now") and not finished:
+                line += f", now {s['now']}"
             ran = s["done"] - s.get("start", 0)                # this run's share (a resumed run did the rest earlier)
-            if 0 < ran and s["done"] < s["total"]:
+            if 0 < ran and s["done"] < s["total"] and not s.get("uneven"):
                 line += f", about {duration(took / ran * (s['total'] - s['done']))} left"
         if now - self.last_event >= self.quiet_after:
             cell = running_cell(self.staging)

@@ -36,6 +36,13 @@ def test_steps_are_throttled_but_the_last_one_always_goes_out(events):
     assert dones[0] == 0 and dones[-1] == 1000 and len(dones) < 10
 
 
+def test_named_steps_report_each_item_as_it_starts(events, monkeypatch):
+    monkeypatch.setattr(progress, "EVERY_S", 0.0)
+    assert list(progress.steps(["mma", "marlin"], "int4 kernels", "kernels", name=str)) == ["mma", "marlin"]
+    got = [(e["done"], e.get("now"), e.get("uneven")) for e in read(events)]
+    assert got == [(0, None, True), (0, "mma", True), (1, None, True), (1, "marlin", True), (2, None, True)]
+
+
 def test_notes_go_to_the_driver_and_the_notebook(events, capsys):
     progress.note("resuming run e2e-1 (10 samples already recorded)")
     assert read(events)[0]["note"] == "resuming run e2e-1 (10 samples already recorded)"
@@ -75,6 +82,16 @@ def test_log_lines_on_stage_changes_every_30_s_and_with_an_estimate(tmp_path):
     assert w.poll()[1] == "03_speculative: 30 s · e2e: 60/126 samples, 30 s, about 33 s left"
     emit(ev, note="resuming run e2e-1")
     assert w.poll() == (["03_speculative: resuming run e2e-1"], None)
+
+
+def test_an_uneven_stage_names_its_item_and_makes_no_estimate(tmp_path):
+    clock, ev = Clock(), tmp_path / "ev.jsonl"
+    w = Watch("02_microbench", ev, tmp_path / "staging.ipynb", tty=True, clock=clock)
+    emit(ev, stage="int4 kernels", done=5, total=6, unit="kernels", start=0, uneven=True, time=clock.t - 120)
+    emit(ev, stage="int4 kernels", done=5, total=6, unit="kernels", start=0, uneven=True, now="marlin", time=clock.t)
+    assert w.poll()[1] == "02_microbench: 0 s · int4 kernels: 5/6 kernels, 2 m 00 s, now marlin"
+    emit(ev, stage="int4 kernels", done=6, total=6, unit="kernels", start=0, uneven=True, time=clock.t)
+    assert w.poll()[1] == "02_microbench: 0 s · int4 kernels: 6/6 kernels, done in 2 m 00 s"
 
 
 def test_a_resumed_stage_estimates_from_this_run_only(tmp_path):

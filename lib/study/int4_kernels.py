@@ -212,7 +212,7 @@ def int4_kernel_bench(profile: Profile, iters: int = 30) -> dict | None:
     configs = gemlite_tuned(profile.out_dir / TUNED, dev)
     result["gemlite_configs"] = (f"started from {configs.name}, autotuned by an earlier run on this card"
                                  if configs.exists() else "autotuned in this run")
-    for kernel in progress.steps(KERNELS, "int4 kernels", "kernels"):
+    for kernel in progress.steps(KERNELS, "int4 kernels", "kernels", name=str):
         got, error = _in_subprocess(kernel, shapes, str(dev), iters, profile.out_dir / TUNED)
         for name, shape in result["shapes"].items():
             if error:
