@@ -104,7 +104,7 @@ class Decode:
     k: int                            # speculative block length
     max_new_tokens: int
     max_prompt_tokens: int
-    modes: list[str] = field(default_factory=lambda: [modes.BASELINE, "dense", "flash", "dense_shared"])
+    modes: list[str] = field(default_factory=lambda: [modes.BASELINE, modes.DENSE, modes.FLASH, modes.DENSE_SHARED])
     schedules: list[str] = field(default_factory=lambda: [modes.ORDINARY, modes.DEFERRED])
     stop_at_eos: bool = False         # stop at the tokenizer's end-of-sequence token(s); False: fixed length
     k_policies: list[str] = field(default_factory=lambda: [modes.FIXED])   # block-length policies (lib/engine/blocks.py)

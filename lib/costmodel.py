@@ -27,7 +27,7 @@ def call_costs(micro: dict, target_step: dict, draft: str = modes.FLASH) -> dict
     between the measured ones (a profile may time only some) are interpolated linearly."""
     measured = sorted((int(n), v) for n, v in target_step["verify_ms"].items())
     n, ms = zip(*measured)
-    name = "flash" if draft == modes.FLASH else "dense"
+    name = modes.FLASH if draft == modes.FLASH else modes.DENSE     # notebook 02 times these two drafts
     block = micro.get("block", {})
     t_q = block[name]["mean_ms"] / block["k"] if name in block else micro["model_step"][name]["mean_ms"]
     two = f"{name}_fed_two"
