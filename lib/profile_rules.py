@@ -65,13 +65,13 @@ def models(p, need) -> None:
         need(len(m.gguf_sha256) == 64 and all(ch in "0123456789abcdef" for ch in m.gguf_sha256),
              "models.gguf_sha256 must be 64 lower-case hex digits")
         need(m.exit_layer is not None and m.exit_layer >= 1, "models.exit_layer (>= 1) is required when models.source is gguf")
-        need("dense_shared" not in p.decode.modes, "decode.modes: dense_shared needs a separate FlashHead checkpoint body "
-             "(pretrained or synthetic); a gguf profile has none")
+        need(modes.DENSE_SHARED not in p.decode.modes, f"decode.modes: {modes.DENSE_SHARED} needs a separate FlashHead "
+             "checkpoint body (pretrained or synthetic); a gguf profile has none")
     else:
         need(bool(m.target and m.draft and m.flash_draft),
              "models.target, models.draft and models.flash_draft are required when models.source is pretrained")
-    need("flash_full" not in p.decode.modes or m.source == "gguf",
-         "decode.modes: flash_full (the full-depth model as its own FlashHead draft) needs models.source gguf")
+    need(modes.FLASH_FULL not in p.decode.modes or m.source == "gguf",
+         f"decode.modes: {modes.FLASH_FULL} (the full-depth model as its own FlashHead draft) needs models.source gguf")
 
 
 def clustering(p, need) -> None:
