@@ -1,0 +1,77 @@
+"""The README's headline table says what the committed result files say: each profile column's draft block, target
+step, decode tok/s, FlashHead/dense ratios over the rounds (measured and modelled) and acceptance are recomputed
+from outputs/<profile>/ (microbench.json, target_step.json, summary.json) and must appear, so rounded, in its cell;
+the runs the table names are the summaries' runs. A re-run committed without updating the README fails here."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def headline_table(text: str) -> tuple[list[str], dict[str, list[str]]]:
+    """(the profiles of the table's columns, {row label: its cells}) for the first table after 'The answer so far'."""
+    lines = text[text.index("**The answer so far.**"):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        table.append([cell.strip() for cell in line.strip("|").split("|")])
+    profiles = [re.search(r"\(`([a-z0-9_]+)`\)", cell).group(1) for cell in table[0][1:]]
+    return profiles, {row[0]: row[1:] for row in table[2:]}
+
+
+def load(profile: str, name: str) -> dict:
+    return json.loads((ROOT / "outputs" / profile / name).read_text())
+
+
+def expected_cells(profile: str) -> dict[str, list[str]]:
+    """Row label's start -> the strings its cell must hold for this profile, from the result files."""
+    block, summary = load(profile, "microbench.json")["block"], load(profile, "summary.json")
+    target, e2e, model = load(profile, "target_step.json"), summary["e2e"], summary["cost_model"]["modes"]
+    dense, flash = block["dense"]["mean_ms"] / block["k"], block["flash"]["mean_ms"] / block["k"]
+    tok_s = {mode: f"{row['decode_tok_s']:.1f}" for mode, row in e2e.items()}
+
+    def ratio(schedule: str) -> str:
+        measured, modelled = (model[f"flash_{schedule}"][key] / model[f"dense_{schedule}"][key]
+                              for key in ("rounds_measured_tok_s", "rounds_predicted_tok_s"))
+        return f"{measured:.3f} ({modelled:.3f})"
+
+    return {"draft step": [f"{dense:.3f} → {flash:.3f} ({dense / flash:.2f}×)"],
+            "target step": [f"{target['single']['mean_ms']:.2f} ms"],
+            "decode tok/s": [f"{tok_s['baseline']};", f"{tok_s['dense_ordinary']} / {tok_s['flash_ordinary']}",
+                             f"{tok_s['dense_deferred']} / {tok_s['flash_deferred']}"],
+            "FlashHead / dense over the rounds": [ratio(s) for s in ("ordinary", "deferred", "pipelined")
+                                                  if f"flash_{s}" in model],
+            "acceptance": [f"{e2e['dense_ordinary']['acceptance']:.3f} / {e2e['flash_ordinary']['acceptance']:.3f}"]}
+
+
+def test_the_table_is_found_and_names_committed_profiles():
+    profiles, rows = headline_table(README.read_text())
+    assert profiles and all((ROOT / "outputs" / p / "summary.json").exists() for p in profiles)
+    assert len(rows) >= 5 and all(len(cells) == len(profiles) for cells in rows.values())
+
+
+@pytest.mark.parametrize("profile", headline_table(README.read_text())[0])
+def test_each_column_matches_its_result_files(profile):
+    profiles, rows = headline_table(README.read_text())
+    column = profiles.index(profile)
+    for start, wanted in expected_cells(profile).items():
+        (label,) = [label for label in rows if label.startswith(start)]
+        missing = [w for w in wanted if w not in rows[label][column]]
+        assert not missing, f"README's '{label}' for {profile}: {missing} not in {rows[label][column]!r}"
+    run = load(profile, "summary.json")["run"]
+    assert f"`outputs/{profile}/{run}`" in README.read_text(), f"README does not name {profile}'s run {run}"
+
+
+def test_a_stale_cell_is_caught(tmp_path):
+    profiles, rows = headline_table(README.read_text())
+    wanted = expected_cells(profiles[0])["target step"][0]
+    stale = README.read_text().replace(f"| {wanted}", "| 99.99 ms", 1)
+    _, stale_rows = headline_table(stale)
+    (label,) = [label for label in stale_rows if label.startswith("target step")]
+    assert wanted in rows[label][0] and wanted not in stale_rows[label][0]
