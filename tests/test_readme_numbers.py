@@ -1,7 +1,8 @@
 """The README's headline table says what the committed result files say: each profile column's draft block, target
 step, decode tok/s, FlashHead/dense ratios over the rounds (measured and modelled) and acceptance are recomputed
 from outputs/<profile>/ (microbench.json, target_step.json, summary.json) and must appear, so rounded, in its cell;
-the runs the table names are the summaries' runs. A re-run committed without updating the README fails here."""
+the runs the table names are the summaries' runs. So are the int4 kernels' figures of the goal table and the batch
+study's table. A re-run committed without updating the README fails here."""
 import json
 import re
 from pathlib import Path
@@ -75,3 +76,27 @@ def test_a_stale_cell_is_caught(tmp_path):
     _, stale_rows = headline_table(stale)
     (label,) = [label for label in stale_rows if label.startswith("target step")]
     assert wanted in rows[label][0] and wanted not in stale_rows[label][0]
+
+
+def test_the_int4_kernel_figures_match_their_table():
+    """The goal table's int4 row quotes two_gpu_awq's int4_kernels.json: a layer's four projections, µs."""
+    table = load("two_gpu_awq", "int4_kernels.json")
+    shapes = table["shapes"].values()
+    rows = [str(m) for m in (1, 2, 4, 8, 16)]
+    layer = {kernel: [sum(s["rows"][m][kernel]["p50_ms"] for s in shapes) * 1e3 for m in rows]
+             for kernel in ("w4a16_mma", "w4a16", "marlin")}
+    text = README.read_text()
+    assert " / ".join(f"{us:.1f}" for us in layer["w4a16_mma"]) in text
+    for kernel in ("w4a16", "marlin"):
+        assert f"{min(layer[kernel]):.1f}-{max(layer[kernel]):.1f}" in text, kernel
+    assert f"floor {sum(s['floor_ms'] for s in shapes) * 1e3:.1f}" in text
+
+
+def test_the_batch_study_table_matches_its_file():
+    """'Past the thesis' quotes two_gpu's head_batches.json: the dense and batched FlashHead means and speedups."""
+    rows = load("two_gpu", "head_batches.json")["rows"]
+    text = README.read_text()
+    for label, values in (("dense head, ms", [r["dense"]["mean_ms"] for r in rows]),
+                          ("FlashHead batched, ms", [r["flash"]["mean_ms"] for r in rows])):
+        assert " | ".join(f"{v:.3f}" for v in values) in text, label
+    assert "| speedup | " + " | ".join(f"{r['speedup']:.2f}" for r in rows) + " |" in text
