@@ -2,7 +2,7 @@
 step, decode tok/s, FlashHead/dense ratios over the rounds (measured and modelled) and acceptance are recomputed
 from outputs/<profile>/ (microbench.json, target_step.json, summary.json) and must appear, so rounded, in its cell;
 the runs the table names are the summaries' runs. So are the int4 kernels' figures of the goal table and the batch
-study's table. A re-run committed without updating the README fails here."""
+study's table, and the real-weights paragraph (smollm2). A re-run committed without updating the README fails here."""
 import json
 import re
 from pathlib import Path
@@ -100,3 +100,15 @@ def test_the_batch_study_table_matches_its_file():
                           ("FlashHead batched, ms", [r["flash"]["mean_ms"] for r in rows])):
         assert " | ".join(f"{v:.3f}" for v in values) in text, label
     assert "| speedup | " + " | ".join(f"{r['speedup']:.2f}" for r in rows) + " |" in text
+
+
+def test_the_real_weights_paragraph_matches_smollm2s_files():
+    """'What the real-weights profile shows' quotes outputs/smollm2/: acceptance, tokens a round, containment."""
+    e2e, clusters = load("smollm2", "summary.json")["e2e"], load("smollm2", "clustering.json")
+    text = README.read_text()
+    early, full = e2e["dense_ordinary"], e2e["flash_full_ordinary"]
+    assert early["acceptance"] == e2e["flash_ordinary"]["acceptance"] and f"({early['acceptance']:.3f} each" in text
+    assert f"has {full['acceptance']:.3f} of its proposals accepted ({full['mean_emitted']:.2f} tokens" in text
+    trajectory = {p["n_probes"]: p["top1"] for p in clusters["trajectory_probe_sweep"]}[clusters["n_probes"]]
+    assert f"is {clusters['top1_containment']:.3f} at prompt positions and {trajectory:.3f}" in text
+    assert f"mean cosine {clusters['mean_cosine']:.5f} here" in text
