@@ -133,3 +133,18 @@ def test_the_real_weights_paragraph_matches_smollm2s_files():
     trajectory = {p["n_probes"]: p["top1"] for p in clusters["trajectory_probe_sweep"]}[clusters["n_probes"]]
     assert f"is {clusters['top1_containment']:.3f} at prompt positions and {trajectory:.3f}" in text
     assert f"mean cosine {clusters['mean_cosine']:.5f} here" in text
+
+
+def test_the_answer_states_the_ranges_of_the_table_s_runs():
+    """'The answer so far' gives FlashHead's draft-step gain and its decoding change, as ranges over the table's
+    profiles (K = 6 block means; decode tok/s, every schedule of each run)."""
+    profiles, _ = headline_table(committed("README.md"))
+    gains, changes = [], []
+    for p in profiles:
+        block, e2e = load(p, "microbench.json")["block"], load(p, "summary.json")["e2e"]
+        gains.append(block["dense"]["mean_ms"] / block["flash"]["mean_ms"])
+        changes += [100 * (e2e[m]["decode_tok_s"] / e2e[m.replace("flash", "dense", 1)]["decode_tok_s"] - 1)
+                    for m in e2e if m.startswith("flash_") and m.replace("flash", "dense", 1) in e2e]
+    answer = committed("README.md").split("**The answer so far.**")[1].split("\n\n")[0]
+    assert f"step {min(gains):.2f}-{max(gains):.2f}× faster" in answer
+    assert f"decoding only {min(changes):.1f} % to +{max(changes):.1f} %" in answer
