@@ -148,3 +148,14 @@ def test_the_answer_states_the_ranges_of_the_table_s_runs():
     answer = committed("README.md").split("**The answer so far.**")[1].split("\n\n")[0]
     assert f"step {min(gains):.2f}-{max(gains):.2f}× faster" in answer
     assert f"decoding only {min(changes):.1f} % to +{max(changes):.1f} %" in answer
+
+
+def test_the_verify_goal_row_matches_the_target_steps():
+    """The goal table's 'verify of 8 tokens' row quotes each int4 and bf16 target's target_step.json."""
+    row = next(line for line in committed("README.md").splitlines() if line.startswith("| verify of 8 tokens"))
+    steps = {p: load(p, "target_step.json") for p in ("h100", "h100awq", "two_gpu_awq")}
+    single = {p: t["single"]["mean_ms"] for p, t in steps.items()}
+    assert f"`h100awq`: {steps['h100awq']['verify_ms']['8']:.2f} against {single['h100awq']:.2f} ms" in row
+    assert f"`h100` {steps['h100']['verify_ms']['8'] / single['h100']:.3f}×" in row
+    ratios = [ms / single["two_gpu_awq"] for n, ms in steps["two_gpu_awq"]["verify_ms"].items() if int(n) >= 2]
+    assert f"`two_gpu_awq` {min(ratios):.2f}-{max(ratios):.2f}×" in row
