@@ -1,10 +1,9 @@
-"""The README's headline table says what the committed result files say: each profile column's draft block, target
-step, decode tok/s, FlashHead/dense ratios over the rounds (measured and modelled) and acceptance are recomputed
-from outputs/<profile>/ (microbench.json, target_step.json, summary.json) and must appear, so rounded, in its cell;
-the runs the table names are the summaries' runs. So are the int4 kernels' figures of the goal table and the batch
-study's table, and the real-weights paragraph (smollm2). A re-run committed without updating the README fails here.
-Both are read as committed (git HEAD): a local `make reproduce`, which rewrites outputs/ with this machine's numbers,
-does not fail it."""
+"""The README says what the committed result files say. Recomputed from outputs/<profile>/ and required, so rounded,
+in the README: the headline table (each profile column's draft block, target step, decode tok/s, FlashHead/dense over
+the rounds measured and modelled, acceptance, the runs it names), the answer's ranges above it, the goal table's
+verify row and int4 kernel figures, the batch study's table and the real-weights paragraph (smollm2). A re-run
+committed without updating the README fails here. Both are read as committed (git HEAD): a local `make reproduce`,
+which rewrites outputs/ with this machine's numbers, does not fail it."""
 import json
 import re
 import subprocess
