@@ -158,3 +158,18 @@ def test_the_verify_goal_row_matches_the_target_steps():
     assert f"`h100` {steps['h100']['verify_ms']['8'] / single['h100']:.3f}×" in row
     ratios = [ms / single["two_gpu_awq"] for n, ms in steps["two_gpu_awq"]["verify_ms"].items() if int(n) >= 2]
     assert f"`two_gpu_awq` {min(ratios):.2f}-{max(ratios):.2f}×" in row
+
+
+def test_the_cost_model_goal_row_matches_each_run():
+    """The goal table's end-to-end ratio row: each profile's FlashHead/dense over the rounds, measured against
+    modelled (ordinary / deferred), and the bound it states (in points, rounded) holds for every schedule of the run."""
+    row = next(line for line in committed("README.md").splitlines()
+               if line.startswith("| end-to-end FlashHead/dense ratio"))
+    for profile, bound in (("h100", 0.1), ("h100awq", 0.1), ("two_gpu", 0.4), ("two_gpu_awq", 0.3)):
+        model = load(profile, "summary.json")["cost_model"]["modes"]
+        pair = {s: [model[f"flash_{s}"][key] / model[f"dense_{s}"][key]
+                    for key in ("rounds_measured_tok_s", "rounds_predicted_tok_s")]
+                for s in ("ordinary", "pipelined", "deferred") if f"flash_{s}" in model}
+        (mo, po), (md, pd) = pair["ordinary"], pair["deferred"]
+        assert f"`{profile}` ({mo:.3f} / {md:.3f} against {po:.3f} / {pd:.3f}" in row, profile
+        assert f"{bound} " in row and all(round(abs(m - p) * 100, 1) <= bound for m, p in pair.values()), profile
