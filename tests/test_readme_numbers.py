@@ -173,3 +173,18 @@ def test_the_cost_model_goal_row_matches_each_run():
         (mo, po), (md, pd) = pair["ordinary"], pair["deferred"]
         assert f"`{profile}` ({mo:.3f} / {md:.3f} against {po:.3f} / {pd:.3f}" in row, profile
         assert f"{bound} " in row and all(round(abs(m - p) * 100, 1) <= bound for m, p in pair.values()), profile
+
+
+def test_the_cost_model_s_tok_s_bounds_match_the_runs():
+    """Above the headline table: how close the model's tok/s comes to each run's (summary.json's cost_model), on one
+    GPU (every mode), on two (the serial schedules) and for the pipelined one."""
+    off = {p: {mode: 100 * (row["ratio"] - 1) for mode, row in load(p, "summary.json")["cost_model"]["modes"].items()}
+           for p in ("h100", "h100awq", "two_gpu", "two_gpu_awq")}
+    one = max(abs(v) for p in ("h100", "h100awq") for v in off[p].values())
+    two = [abs(v) for p in ("two_gpu", "two_gpu_awq") for mode, v in off[p].items()
+           if mode.endswith(("ordinary", "deferred"))]
+    piped = [v for p in ("two_gpu", "two_gpu_awq") for mode, v in off[p].items() if mode.endswith("pipelined")]
+    text = " ".join(committed("README.md").split("**The answer so far.**")[1].split("## Two commands")[0].split())
+    assert f"tok/s within {one:.1f} % on one GPU" in text
+    pipelined = f"{min(piped):.0f}-{max(piped):.0f} %"
+    assert f"schedules within {max(two):.1f} % on two, the pipelined one {pipelined} over" in text
