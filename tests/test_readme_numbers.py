@@ -1,6 +1,6 @@
 """The README says what the committed result files say. Recomputed from outputs/<profile>/ and required, so rounded,
 in the README: the headline table (each profile column's draft block, target step, decode tok/s, FlashHead/dense over
-the rounds measured and modelled, acceptance, the runs it names), the answer's ranges above it, the goal table's
+the rounds measured and modelled, acceptance, the runs it names), the ranges and bounds above it, the goal table's
 verify row and int4 kernel figures, the batch study's table and the real-weights paragraph (smollm2). A re-run
 committed without updating the README fails here. Both are read as committed (git HEAD): a local `make reproduce`,
 which rewrites outputs/ with this machine's numbers, does not fail it."""
