@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Iterable, Iterator, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
 EVERY_S = 0.5                     # the least time between two updates of one stage (the last always goes out)
@@ -30,7 +30,8 @@ def note(message: str) -> None:
     print(message)
 
 
-def steps(items: Iterable[T], stage: str, unit: str = "", before: int = 0, name=None) -> Iterator[T]:
+def steps(items: Iterable[T], stage: str, unit: str = "", before: int = 0,
+          name: Callable[[T], str] | None = None) -> Iterator[T]:
     """Iterate over items, reporting `stage: done/total unit` as each one finishes; `before` items of the same
     stage were done earlier (a resumed run), so done counts from there and the total includes them. `name`
     (item -> str) marks items whose costs differ too much for an estimate of the time left (the int4 kernels: one
@@ -51,7 +52,6 @@ def steps(items: Iterable[T], stage: str, unit: str = "", before: int = 0, name=
             _emit({**event, "now": name(item)})
         yield item
         event["done"] += 1
-        event.pop("now", None)
         if event["done"] == total or time.monotonic() - last >= EVERY_S:
             _emit(event)
             last = time.monotonic()
