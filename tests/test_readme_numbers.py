@@ -1,7 +1,7 @@
 """The README says what the committed result files say. Recomputed from outputs/<profile>/ and required, so rounded,
 in the README: the headline table (each profile column's draft block, target step, decode tok/s, FlashHead/dense over
 the rounds measured and modelled, acceptance, the runs it names), the ranges and bounds above it, the goal table's
-verify row and int4 kernel figures, the batch study's table and the real-weights paragraph (smollm2). A re-run
+verify row and int4 kernel figures, the batch and context studies' tables and the real-weights paragraph. A re-run
 committed without updating the README fails here. Both are read as committed (git HEAD): a local `make reproduce`,
 which rewrites outputs/ with this machine's numbers, does not fail it."""
 import json
@@ -188,3 +188,19 @@ def test_the_cost_model_s_tok_s_bounds_match_the_runs():
     assert f"tok/s within {one:.1f} % on one GPU" in text
     pipelined = f"{min(piped):.0f}-{max(piped):.0f} %"
     assert f"schedules within {max(two):.1f} % on two, the pipelined one {pipelined} over" in text
+
+
+def test_the_context_table_matches_its_file():
+    """'Longer contexts' quotes outputs/h100/context.json: the draft's ms a proposed token (dense / FlashHead), the
+    step ratio, and the target's one-token and K + 1 calls, at every position (the projections are notebook 04's)."""
+    rows = load("h100", "context.json")["rows"]
+    text = committed("README.md")
+    assert "| position | " + " | ".join(f"{r['position']:,}" for r in rows) + " |" in text
+    draft = " | ".join(f"{r['draft']['dense']['per_token_ms']:.3f} / {r['draft']['flash']['per_token_ms']:.3f}"
+                       for r in rows)
+    assert f"| draft, dense / FlashHead (measured) | {draft} |" in text
+    assert " | ".join(f"{r['draft_step_ratio']:.3f}" for r in rows) in text
+    one = [f"{t['mean_ms']:.2f} ({100 * t['floor_ms'] / t['mean_ms']:.0f} %)" for t in (r["target"]["1"] for r in rows)]
+    assert "| target, one token (measured; share of its floor) | " + " | ".join(one) + " |" in text
+    verify = " | ".join(f"{r['target']['K+1']['mean_ms']:.2f}" for r in rows)
+    assert f"| target, verify of K + 1 = 7 (measured) | {verify} |" in text
