@@ -50,24 +50,32 @@ def load(profile: str, name: str) -> dict:
     return json.loads(committed(f"outputs/{profile}/{name}"))
 
 
+def readme_row(start: str) -> str:
+    """The README's one line that starts with `start` (a table row)."""
+    return next(line for line in committed("README.md").splitlines() if line.startswith(start))
+
+
+def rounds_ratios(profile: str) -> dict[str, tuple[float, float]]:
+    """schedule -> FlashHead/dense tok/s over the rounds, (measured, modelled), from summary.json's cost model."""
+    model = load(profile, "summary.json")["cost_model"]["modes"]
+    return {s: tuple(model[f"flash_{s}"][key] / model[f"dense_{s}"][key]
+                     for key in ("rounds_measured_tok_s", "rounds_predicted_tok_s"))
+            for s in ("ordinary", "deferred", "pipelined") if f"flash_{s}" in model}
+
+
 def expected_cells(profile: str) -> dict[str, list[str]]:
     """Row label's start -> the strings its cell must hold for this profile, from the result files."""
     block, summary = load(profile, "microbench.json")["block"], load(profile, "summary.json")
-    target, e2e, model = load(profile, "target_step.json"), summary["e2e"], summary["cost_model"]["modes"]
+    target, e2e = load(profile, "target_step.json"), summary["e2e"]
     dense, flash = block["dense"]["mean_ms"] / block["k"], block["flash"]["mean_ms"] / block["k"]
     tok_s = {mode: f"{row['decode_tok_s']:.1f}" for mode, row in e2e.items()}
-
-    def ratio(schedule: str) -> str:
-        measured, modelled = (model[f"flash_{schedule}"][key] / model[f"dense_{schedule}"][key]
-                              for key in ("rounds_measured_tok_s", "rounds_predicted_tok_s"))
-        return f"{measured:.3f} ({modelled:.3f})"
 
     return {"draft step": [f"{dense:.3f} → {flash:.3f} ({dense / flash:.2f}×)"],
             "target step": [f"{target['single']['mean_ms']:.2f} ms"],
             "decode tok/s": [f"{tok_s['baseline']};", f"{tok_s['dense_ordinary']} / {tok_s['flash_ordinary']}",
                              f"{tok_s['dense_deferred']} / {tok_s['flash_deferred']}"],
-            "FlashHead / dense over the rounds": [ratio(s) for s in ("ordinary", "deferred", "pipelined")
-                                                  if f"flash_{s}" in model],
+            "FlashHead / dense over the rounds": [f"{measured:.3f} ({modelled:.3f})"
+                                                  for measured, modelled in rounds_ratios(profile).values()],
             "acceptance": [f"{e2e['dense_ordinary']['acceptance']:.3f} / {e2e['flash_ordinary']['acceptance']:.3f}"]}
 
 
@@ -151,7 +159,7 @@ def test_the_answer_states_the_ranges_of_the_table_s_runs():
 
 def test_the_verify_goal_row_matches_the_target_steps():
     """The goal table's 'verify of 8 tokens' row quotes each int4 and bf16 target's target_step.json."""
-    row = next(line for line in committed("README.md").splitlines() if line.startswith("| verify of 8 tokens"))
+    row = readme_row("| verify of 8 tokens")
     steps = {p: load(p, "target_step.json") for p in ("h100", "h100awq", "two_gpu_awq")}
     single = {p: t["single"]["mean_ms"] for p, t in steps.items()}
     assert f"`h100awq`: {steps['h100awq']['verify_ms']['8']:.2f} against {single['h100awq']:.2f} ms" in row
@@ -163,13 +171,9 @@ def test_the_verify_goal_row_matches_the_target_steps():
 def test_the_cost_model_goal_row_matches_each_run():
     """The goal table's end-to-end ratio row: each profile's FlashHead/dense over the rounds, measured against
     modelled (ordinary / deferred), and the bound it states (in points, rounded) holds for every schedule of the run."""
-    row = next(line for line in committed("README.md").splitlines()
-               if line.startswith("| end-to-end FlashHead/dense ratio"))
+    row = readme_row("| end-to-end FlashHead/dense ratio")
     for profile, bound in (("h100", 0.1), ("h100awq", 0.1), ("two_gpu", 0.4), ("two_gpu_awq", 0.3)):
-        model = load(profile, "summary.json")["cost_model"]["modes"]
-        pair = {s: [model[f"flash_{s}"][key] / model[f"dense_{s}"][key]
-                    for key in ("rounds_measured_tok_s", "rounds_predicted_tok_s")]
-                for s in ("ordinary", "pipelined", "deferred") if f"flash_{s}" in model}
+        pair = rounds_ratios(profile)
         (mo, po), (md, pd) = pair["ordinary"], pair["deferred"]
         assert f"`{profile}` ({mo:.3f} / {md:.3f} against {po:.3f} / {pd:.3f}" in row, profile
         assert f"{bound} " in row and all(round(abs(m - p) * 100, 1) <= bound for m, p in pair.values()), profile
