@@ -117,10 +117,16 @@ def measured_ahead(r) -> float:
 
 def measured_appends(r) -> float:
     """The share of a mode's rounds that append their final token: the run's append calls less each generation's
-    first (the initial step's), over its rounds (1 where nothing is appended: deferred, baseline)."""
+    first (the initial step's; none where the first token ended it), over its rounds (1 where nothing is appended:
+    deferred, baseline)."""
     if r.schedule in (modes.BASELINE, DEFERRED) or r.rounds <= 0:
         return 1.0
-    return float((r.append_calls - r.samples) / r.rounds)
+    return float((r.append_calls - first_appends(r)) / r.rounds)
+
+
+def first_appends(r) -> int:
+    """A mode's initial appends: one a generation that ran a round (`decoded`; every sample in runs before it)."""
+    return int(r.get("decoded", r.samples))
 
 
 def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd.DataFrame:
@@ -178,7 +184,7 @@ def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
                      "target ms/call": r.target_call_ms / target_calls,
                      "model target ms/call": (r.verify_calls * verify + r.append_calls * c["T_p"][1]) / target_calls,
                      "between calls": (r.verify_ms + r.finalize_ms
-                                       - r.target_call_ms * (target_calls - r.samples) / target_calls) / n})
+                                       - r.target_call_ms * (target_calls - first_appends(r)) / target_calls) / n})
     return pd.DataFrame(rows).set_index("mode")
 
 

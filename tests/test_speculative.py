@@ -245,6 +245,20 @@ def test_speculative_stops_where_greedy_stops(pair, heads, baselines, schedule, 
         assert res.decode_tokens == sum(a + 1 for a in lens) and res.accepted == sum(lens)
 
 
+@pytest.mark.parametrize("schedule", ["ordinary", "deferred", "pipelined"])
+def test_a_first_token_that_ends_the_generation_costs_no_call(pair, heads, baselines, schedule):
+    # a stop token first, or max_new 1: like target-only decoding, nothing runs past the prefill (no draft prefill,
+    # no append), so the counters and the metric identities hold with zero rounds
+    first = baselines[30].tokens[0]
+    for max_new, stop in ((MAX_NEW, frozenset({first})), (1, frozenset())):
+        greedy = generate_baseline(target_of(pair), Request(prompt_of(30), max_new, stop=stop))
+        res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D),
+                                   Request(prompt_of(30), max_new, schedule, 4, stop))
+        assert res.tokens == greedy.tokens == [first]
+        assert res.append_calls == greedy.append_calls == 0
+        assert res.rounds == res.verify_calls == res.proposed == 0 and not res.spans_ms.get("initial")
+
+
 def test_no_stop_token_runs_to_max_new(pair, heads, baselines):
     res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D),
                                Request(prompt_of(30), MAX_NEW, "ordinary", 4, frozenset({VOCAB + 5})))
@@ -367,7 +381,7 @@ def test_deferred_rounds_launch_the_next_block_ahead_and_keep_greedy_output(pair
     (fed the last accepted token again and the final token, at a position counted on the device): most rounds use
     it, none is launched and thrown away, and the output is still the target's greedy output; the other schedules
     never launch ahead."""
-    not_ahead = type("NotAhead", (Draft,), {})                         # a Draft subclass: no launch ahead
+    not_ahead = type("NotAhead", (Draft,), {"per_round": True})        # chooses per round: no launch ahead
     on_cpu = generate_speculative(target_of(pair), draft_of(pair[1], heads["flash_2"], DRAFT_D),
                                   Request(prompt_of(7), MAX_NEW, "deferred", k))
     assert on_cpu.launched_ahead == 0                                  # a CPU only moves the block earlier: off

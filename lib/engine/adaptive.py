@@ -161,6 +161,7 @@ class BanditDraft(Draft):
     `bandit` (the round loop's begin_round); the bandit keeps learning across the generations of this draft.
     A round is rewarded with its emitted tokens per ms, its time running from its start to the next round's
     start (or to its own end, for the last round); Result.choices records the arm of each round."""
+    per_round: ClassVar[bool] = True
     arms: dict = field(default_factory=dict)
     bandit: UCB1 | None = None
     choices: list = field(default_factory=list, init=False, repr=False, compare=False)

@@ -12,10 +12,14 @@ leave the output equal to greedy decoding; only the rounds change.
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 from ..modes import COST, FIXED, GROW
 
 
 class FixedK:
+    varies: ClassVar[bool] = False                     # K may change from round to round (GrowK, CostK)
+
     def __init__(self, k: int):
         self.k = self.k_max = k
 
@@ -27,6 +31,8 @@ class FixedK:
 
 
 class GrowK(FixedK):
+    varies: ClassVar[bool] = True
+
     def __init__(self, k: int, k_max: int):
         self.k, self.k_max = min(k, k_max), k_max
 
@@ -44,6 +50,8 @@ class CostK(FixedK):
     and K if a = K; the proposals after a rejection say nothing. So alpha is estimated as accepted /
     judged (with a Beta(1, 1) prior), not accepted / proposed, which counts the unjudged ones as failures
     and underestimates it (0.70 accepted / proposed at K = 6 is a per-token rate near 0.9)."""
+
+    varies: ClassVar[bool] = True
 
     def __init__(self, k: int, k_max: int, costs: dict, schedule: str):
         self.k, self.k_max, self.costs, self.schedule = k, k_max, costs, schedule

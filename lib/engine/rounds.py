@@ -39,7 +39,6 @@ import torch
 
 from ..modes import DEFERRED, ORDINARY, PIPELINED
 from .appender import Appender
-from .blocks import FixedK
 from .heads import GraphedHead
 from .request import Result
 from .runner import Runner
@@ -50,10 +49,12 @@ class Draft:
     """A draft model: its runner and its greedy head (dense or FlashHead), graph-captured on CUDA.
     The hooks the round loop calls do nothing here; adaptive drafts choose and record in them.
     blocks: with CUDA graphs a round's greedy proposals are one graph replay (Runner.chain), not one per step;
-    drafts that choose something per step or round (adaptive) propose step by step."""
+    drafts that record something per step (adaptive probes) propose step by step.
+    per_round: the draft chooses its head in begin_round (bandits), so no block can be launched before it."""
     runner: Runner
     head: GraphedHead
     blocks: ClassVar[bool] = True
+    per_round: ClassVar[bool] = False
 
     @property
     def chained(self) -> bool:
@@ -220,10 +221,10 @@ class Rounds:
         self.policy, self.clock = request.policy(), target.runner.clock
         self.appender = Appender(target, rule, request.schedule == PIPELINED)
         self.pending = None                                                  # the target's pending prediction, if known
-        # deferred greedy rounds of a plain draft, fixed K, on a device that runs the launched block while the host
-        # waits (the target's GPU or its own): the next block launched ahead
-        self.ahead = (request.schedule == DEFERRED and getattr(rule, "ahead", False) and type(draft) is Draft
-                      and type(self.policy) is FixedK and draft.runner.device.type in AHEAD_DEVICES)
+        # deferred greedy rounds of a block-proposing draft that chooses nothing per round, at a fixed K, on a device
+        # that runs the launched block while the host waits (the target's GPU or its own): the next block launched ahead
+        self.ahead = (request.schedule == DEFERRED and getattr(rule, "ahead", False) and draft.blocks
+                      and not draft.per_round and not self.policy.varies and draft.runner.device.type in AHEAD_DEVICES)
         self.early, self.host, self.ready = None, None, None                 # (kk, proposals) launched ahead
         self.append_ahead = (request.schedule == ORDINARY and getattr(rule, "ahead", False)
                              and target.runner.device.type in AHEAD_DEVICES)
@@ -231,9 +232,12 @@ class Rounds:
         self.verifying = None                                                # the verify phase's start mark
 
     def run(self) -> None:
+        if self.s.done():       # the first token ended it (stop token, max_new 1): no call past the prefill
+            return self.appender.close()
         self.draft.begin_generation()
         with self.clock.span("initial"):
             self.pending = start(self.target, self.draft, self.rule, self.s)
+        self.res.append_calls += 1                                           # the first token's
         try:
             while not self.s.done():
                 self.round()
@@ -277,8 +281,9 @@ class Rounds:
     def launch_next(self, batch: torch.Tensor, preds: torch.Tensor, got: torch.Tensor) -> list[int]:
         """Deferred greedy rounds (rule.verify's `then`; batch [final, d1..dk] verified at t_pos, preds its argmaxes):
         launch the next round's block before the host reads this round's result (returned as host ids), fed two
-        tokens at t_pos + a, a counted on the device: batch[a] (already cached: written again, the same bits) and the
-        final preds[a]. The same cache and tokens as the next round's own block: the same proposals. Only where a
+        tokens at t_pos + a, a counted on the device: batch[a] (cached already, written again, unless all were
+        accepted: the last proposal is never fed) and the final preds[a]: the next round's own block's catch-up, so
+        its proposals where a two-token step is bitwise two one-token steps (the fused step's is). Only where a
         next round follows whatever a is (short of a stop token), so that no block is thrown away."""
         s, kk, runner = self.s, self.policy.k, self.draft.runner
         a = accepted_on_device(batch[1:], preds[:-1]).view(1)                # on the device: no host read (nor

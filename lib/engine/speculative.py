@@ -141,7 +141,7 @@ def generate_speculative(target: Target, draft: Draft, request: Request) -> Resu
     s = Sequence(request.prompt, rule.first(target, request.prompt), request.max_new, request.stop)
     t1 = time.perf_counter()
     clock.reset()                                                            # the prefill is TTFT, not decode
-    res = Result([], 1000 * (t1 - t0), 0.0, append_calls=1)
+    res = Result([], 1000 * (t1 - t0), 0.0)
     Rounds(target, draft, rule, request, s, res).run()
     sync(target.runner.device)
     sync(draft.runner.device)
