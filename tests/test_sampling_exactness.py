@@ -256,7 +256,7 @@ def test_every_path_is_taken(engines, name):
 def top_probe_q_in_acceptance(monkeypatch):
     """FlashHead's acceptance test uses the q of its own top probes, not of the probes the token was drawn
     from (the residual keeps the drawn q)."""
-    call, propose, accepted = sampling.FlashSampler.__call__, sampling.propose, sampling.accepted_count
+    call, draw, accepted = sampling.FlashSampler.__call__, sampling.draw_proposals, sampling.accepted_count
     tops = []                                                                # this round's top-probe q rows
 
     def flash_call(self, h, gen):
@@ -268,10 +268,10 @@ def top_probe_q_in_acceptance(monkeypatch):
 
     def fresh_round(*args, **kw):
         tops.clear()
-        return propose(*args, **kw)
+        return draw(*args, **kw)
 
     monkeypatch.setattr(sampling.FlashSampler, "__call__", flash_call)
-    monkeypatch.setattr(sampling, "propose", fresh_round)
+    monkeypatch.setattr(sampling, "draw_proposals", fresh_round)
     monkeypatch.setattr(sampling, "accepted_count", lambda props, q, p, u: accepted(
         props, torch.stack(tops[:len(props)]) if len(props) else q, p, u))
 

@@ -132,7 +132,7 @@ def start(target: Target, draft: Draft, rule, s: Sequence):
     return rule.append(target, s.buf[None, P:P + 1], P)
 
 
-def propose(draft: Draft, s: Sequence, kk: int, pick) -> tuple[torch.Tensor, list]:
+def propose_stepwise(draft: Draft, s: Sequence, kk: int, pick) -> tuple[torch.Tensor, list]:
     """The draft catches up on the tokens it has not seen (buf[d_pos:n]), then proposes kk tokens, each
     chosen by pick(h) -> (token (1,), what judging it needs) from the draft's last hidden state (1,d).
     Returns the tokens (kk,) on the target's device and the list of what pick returned beside them.
@@ -152,7 +152,7 @@ def propose(draft: Draft, s: Sequence, kk: int, pick) -> tuple[torch.Tensor, lis
 
 
 def propose_block(draft: Draft, s: Sequence, kk: int) -> torch.Tensor:
-    """Greedy proposals as propose makes them (the draft's head picks each), in one graph replay (Runner.chain)."""
+    """Greedy proposals as propose_stepwise makes them (the draft's head picks each), in one graph replay (Runner.chain)."""
     n = len(s.seq)
     if kk == 0:
         return s.buf[n:n]

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import rounds
 from .heads import FlashHead
-from .rounds import Draft, Sequence, Target, to_device
+from .rounds import Draft, Sequence, Target, propose_stepwise, to_device
 
 
 @dataclass(frozen=True)
@@ -140,8 +139,8 @@ def first_token(target: Target, prompt: list[int], dist: Dist, rng: Rng) -> torc
     return draw(target_probs(target, ids, 0, dist, graph=False)[-1], rng(target.runner.device))
 
 
-def propose(draft: Draft, sampler, s: Sequence, kk: int, rng: Rng) -> tuple[torch.Tensor, torch.Tensor]:
-    """The draft catches up and draws kk proposals (lib/engine/rounds.py propose): tokens (kk,) and their
+def draw_proposals(draft: Draft, sampler, s: Sequence, kk: int, rng: Rng) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft catches up and draws kk proposals (lib/engine/rounds.py propose_stepwise): tokens (kk,) and their
     proposal distributions q (kk,V), both on the target's device."""
     dev = draft.runner.device
 
@@ -149,7 +148,7 @@ def propose(draft: Draft, sampler, s: Sequence, kk: int, rng: Rng) -> tuple[torc
         with draft.runner.clock.span("call_draft_head", dev):
             return sampler(h, rng(dev))
 
-    props, qs = rounds.propose(draft, s, kk, pick)
+    props, qs = propose_stepwise(draft, s, kk, pick)
     q = torch.stack(qs) if qs else torch.zeros(0, 1, device=dev)              # (0,1): nothing proposed
     return props, to_device(q, draft, s.buf.device)
 
@@ -195,7 +194,7 @@ class Sampling:
         return draw(p, self.rng(p.device))
 
     def propose(self, draft: Draft, s: Sequence, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return propose(draft, self.sampler(draft), s, kk, self.rng)
+        return draw_proposals(draft, self.sampler(draft), s, kk, self.rng)
 
     def verify(self, target: Target, props: torch.Tensor, q: torch.Tensor, pending, s: Sequence, kk: int):
         """Judge the proposals and draw the final token. With the pending distribution p_1 (ordinary,

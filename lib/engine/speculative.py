@@ -16,7 +16,7 @@ import torch
 
 from ..bench import sync
 from .request import Request, Result
-from .rounds import Draft, Rounds, Sequence, Target, propose, propose_block
+from .rounds import Draft, Rounds, Sequence, Target, propose_block, propose_stepwise
 from .sampling import Sampling
 
 __all__ = ["Draft", "Greedy", "Request", "Result", "Target", "accepted_prefix", "generate_baseline",
@@ -48,7 +48,7 @@ class Greedy:
         """kk argmax proposals (kk,); nothing else is needed to judge them. One graph replay where the draft can."""
         if draft.chained:
             return propose_block(draft, s, kk), None
-        return propose(draft, s, kk, lambda h: (draft.head(h).clone(), None))[0], None
+        return propose_stepwise(draft, s, kk, lambda h: (draft.head(h).clone(), None))[0], None
 
     def verify(self, target: Target, props: torch.Tensor, q, pending, s: Sequence, kk: int, then=None):
         """Against the pending prediction when the target is up to date (ordinary, pipelined, and the first
