@@ -138,6 +138,8 @@ def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
     varies from run to run more than a cheaper head changes the rounds)."""
     rows = []
     for mode, r in _checked(agg):
+        if r.schedule != modes.BASELINE and not r.rounds:             # every generation ended at its first token
+            continue
         em = 1.0 if r.schedule == modes.BASELINE else r.mean_emitted
         tokens = r.decode_tok_s * r.decode_total_ms / 1000
         initial = r.initial_ms / tokens                                  # I: draft prefill + first append, per token
@@ -266,7 +268,7 @@ def context_projection(ctx: dict, agg: pd.DataFrame) -> pd.DataFrame:
         tp = {n: r["target"][name]["mean_ms"] for name, n in round_call_lengths(k).items()}
         row = {"position": r["position"], "baseline tok/s": 1000 / tp[1],
                "draft step dense/flash (measured)": r["draft_step_ratio"]}
-        for schedule in (ORDINARY, DEFERRED):
+        for schedule in (ORDINARY, DEFERRED, PIPELINED):
             tok = {}
             for draft in (modes.DENSE, modes.FLASH):
                 mode = modes.name(draft, schedule)

@@ -92,6 +92,9 @@ def decode(p, need) -> None:
     need(d.max_prompt_tokens >= 1, "decode.max_prompt_tokens must be >= 1")
     known = [modes.BASELINE, *modes.DRAFTS]
     need(set(d.modes) <= set(known), f"decode.modes: unknown mode in {d.modes}; known: {known}")
+    need(modes.BASELINE in d.modes and len(set(d.modes)) > 1,
+         f"decode.modes must hold {modes.BASELINE} (what every speculative output is checked against) and a draft, "
+         f"got {d.modes}")
     need(set(d.k_policies) <= set(modes.K_POLICIES),
          f"decode.k_policies: unknown policy in {d.k_policies}; known: {list(modes.K_POLICIES)}")
     need(d.k_max >= d.k, "decode.k_max must be >= decode.k")

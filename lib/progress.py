@@ -15,12 +15,16 @@ EVERY_S = 0.5                     # the least time between two updates of one st
 
 
 def _emit(event: dict) -> bool:
-    """Append one event to $STUDY_PROGRESS; False when no driver listens."""
+    """Append one event to $STUDY_PROGRESS; False when no driver listens (none set, or its file out of reach: a
+    Slurm shard on another node inherits the driver's path)."""
     path = os.environ.get("STUDY_PROGRESS")
     if not path:
         return False
-    with open(path, "a") as f:
-        f.write(json.dumps({**event, "time": time.time()}) + "\n")
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps({**event, "time": time.time()}) + "\n")
+    except OSError:
+        return False
     return True
 
 

@@ -157,13 +157,18 @@ def finish_time(run: Path) -> str:
 def run_order_key(run: Path) -> tuple[str, int]:
     """Start order of runs: the UTC stamp in the name (NAME-STAMP, NAME may hold hyphens), then the same-second
     suffix (NAME-STAMP-N) as a number."""
-    stamp, suffix = re.search(r"(\d{8}T\d{6})(?:-(\d+))?$", run.name).groups()
+    stamp, suffix = re.search(RUN_NAME, run.name).groups()
     return stamp, int(suffix or 0)
 
 
+RUN_NAME = r"(\d{8}T\d{6})(?:-(\d+))?$"            # NAME-STAMP, or NAME-STAMP-N for a second run in that second
+
+
 def runs_of(out_dir: Path, name: str = "e2e") -> list[Path]:
-    """Run directories of that name, in the order they were started."""
-    return sorted((p for p in (Path(out_dir) / "runs").glob(f"{name}-*") if (p / "config.json").exists()),
+    """Run directories of that name, in the order they were started (a copy renamed otherwise, say `e2e-copy`,
+    is not one)."""
+    return sorted((p for p in (Path(out_dir) / "runs").glob(f"{name}-*")
+                   if re.fullmatch(re.escape(name) + "-" + RUN_NAME, p.name) and (p / "config.json").exists()),
                   key=run_order_key)
 
 

@@ -37,7 +37,8 @@ from tidy import tidy  # noqa: E402 - notebooks/tidy.py, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from lib.config import profile_files  # noqa: E402 - the profile and those it extends (no model code)
+from lib.config import Prompts, profile_files, read_yaml  # noqa: E402 - profiles (no model code)
+from lib.prompts import profile_prompt_file  # noqa: E402 - which prompt file a profile reads
 from watch import Watch, duration  # noqa: E402 - notebooks/watch.py, beside this file
 
 PREFLIGHT = [sys.executable, "-m", "lib.study.preflight"]
@@ -46,6 +47,7 @@ PREFLIGHT = [sys.executable, "-m", "lib.study.preflight"]
 QUIET_ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
              "KINETO_LOG_LEVEL": "6"}
 BOOKKEEPING = (".stamps", ".logs")                  # the driver's own files under outputs/PROFILE/, never results
+LIB_SOURCES = (".py", ".cu")                        # lib/'s code: Python, and the CUDA kernels it builds
 
 
 def outputs_root() -> Path:
@@ -81,10 +83,22 @@ def dependencies(root: Path, profile: str, notebook: Path, out: Path, earlier: l
     """sha256 of everything a notebook's results depend on; an earlier notebook's stamp changes
     whenever it reruns, and a missing stamp is None."""
     stamps = {name: sha256(stamp_path(out, name)) if stamp_path(out, name).exists() else None for name in earlier}
+    prompts = prompt_file(profile_files(profile, root / "params"))
     return {"profile": {p.name: sha256(p) for p in profile_files(profile, root / "params")},
+            "prompts": {prompts.name: sha256(prompts) if prompts.is_file() else None},
             "notebook": sha256(notebook),
-            "lib": {str(p.relative_to(root / "lib")): sha256(p) for p in sorted((root / "lib").rglob("*.py"))},
+            "lib": {str(p.relative_to(root / "lib")): sha256(p) for p in sorted((root / "lib").rglob("*"))
+                    if p.suffix in LIB_SOURCES},
             "earlier_stamps": stamps}
+
+
+def prompt_file(files: list[Path]) -> Path:
+    """The question file a profile reads (its own prompts.file, else the one it extends', else the default); `auto`
+    follows `make data`."""
+    layers = [read_yaml(f) for f in files]
+    given = [d["prompts"]["file"] for d in layers if isinstance(d, dict) and isinstance(d.get("prompts"), dict)
+             and isinstance(d["prompts"].get("file"), str)]
+    return profile_prompt_file(given[0] if given else Prompts.file)[0]
 
 
 def result_files(out: Path) -> dict[str, int]:
@@ -106,6 +120,8 @@ def changed_dependency(old: dict, new: dict) -> str:
     """Which dependency differs, in words."""
     if old.get("profile") != new["profile"]:
         return "the profile changed"
+    if old.get("prompts") != new["prompts"]:
+        return f"the prompt file changed ({', '.join(new['prompts'])})"
     if old.get("notebook") != new["notebook"]:
         return "the notebook changed"
     if old.get("lib") != new["lib"]:
@@ -122,8 +138,10 @@ def stale_reason(out: Path, name: str, deps: dict, later: list[str] = ()) -> str
     that notebook's to check."""
     stamp = read_stamp(out, name)
     executed = out / f"{name}.ipynb"
-    if stamp is None or "dependencies" not in stamp:
+    if stamp is None:
         return "no record of an earlier run here"
+    if "dependencies" not in stamp:
+        return "its last run did not finish"
     if not executed.exists():
         return f"{name}.ipynb is missing"
     if stamp["dependencies"] != deps:
@@ -145,14 +163,17 @@ def up_to_date(out: Path, name: str, deps: dict, later: list[str] = ()) -> bool:
     return not stale_reason(out, name, deps, later)
 
 
-def write_stamp(out: Path, name: str, deps: dict, before: dict[str, int] | None = None) -> None:
+def write_stamp(out: Path, name: str, deps: dict | None, before: dict[str, int] | None = None) -> None:
     """The stamp: dependencies, the executed notebook's hash, and the hash of each result file the run wrote
-    (new or modified since `before`, result_files when it started; rewritten with the same bytes counts too)."""
+    (new or modified since `before`, result_files when it started; rewritten with the same bytes counts too).
+    deps None: a run that failed, whose stamp names only the files it changed (never up to date itself, it keeps
+    an earlier notebook from running again for a file this one rewrote)."""
     stamp = stamp_path(out, name)
     stamp.parent.mkdir(parents=True, exist_ok=True)
     results = {f: sha256(out / f) for f, t in result_files(out).items() if (before or {}).get(f) != t}
-    record = {"dependencies": deps, "executed_sha256": sha256(out / f"{name}.ipynb"), "results": results,
-              "finished": datetime.now(timezone.utc).isoformat()}
+    record = {"results": results, "failed": datetime.now(timezone.utc).isoformat()} if deps is None else {
+        "dependencies": deps, "executed_sha256": sha256(out / f"{name}.ipynb"), "results": results,
+        "finished": datetime.now(timezone.utc).isoformat()}
     tmp = stamp.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1))
     os.replace(tmp, stamp)
@@ -241,6 +262,7 @@ def run_all(profile: str, launcher: str, fresh: bool, root: Path = ROOT) -> int:
         t0, before = time.perf_counter(), result_files(out)
         failure = execute(nb, out, parameters)
         if failure:
+            write_stamp(out, nb.stem, None, before)
             print(f"{nb.stem}: failed after {duration(time.perf_counter() - t0)}")
             print(failure[0])
             print(shown(failure[1]))
@@ -270,8 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launcher", default="local", help="notebook 03: local or slurm")
     ap.add_argument("--fresh", action="store_true", help="ignore stamps, run every notebook, start a new e2e run")
     args = ap.parse_args(argv)
-    preflight(args.profile)
-    return run_all(args.profile, args.launcher, args.fresh)
+    profile = Path(args.profile).stem if args.profile.endswith(".yaml") else args.profile   # params/<profile>.yaml
+    preflight(profile)
+    return run_all(profile, args.launcher, args.fresh)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,17 @@ def is_widget(output) -> bool:
     return WIDGET_VIEW in output.get("data", {})
 
 
+def merged_streams(outputs: list) -> list:
+    """Adjacent stream outputs of one stream as one (the kernel splits a print's text at random points)."""
+    out = []
+    for o in outputs:
+        if out and o.output_type == "stream" and out[-1].output_type == "stream" and out[-1].name == o.name:
+            out[-1].text += o.text
+        else:
+            out.append(o)
+    return out
+
+
 def tidy(path, keep_outputs: bool = False) -> None:
     nb = nbformat.read(path, as_version=4)
     nb.metadata.pop("widgets", None)
@@ -41,7 +52,7 @@ def tidy(path, keep_outputs: bool = False) -> None:
         cell.metadata.pop("execution", None)
         if cell.cell_type != "code":
             continue
-        cell.outputs = [o for o in cell.outputs if not is_widget(o)]
+        cell.outputs = merged_streams([o for o in cell.outputs if not is_widget(o)])
         if keep_outputs:
             continue
         tags = cell.metadata.get("tags", [])

@@ -1,4 +1,5 @@
 import json
+import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -153,11 +154,15 @@ def test_latest_run_ignores_unfinished_and_other_names(tmp_path, monkeypatch):
     runs_lib.mark_finished(old)
     newer = runs_lib.new_run(tmp_path, {})
     runs_lib.mark_finished(newer)
-    runs_lib.new_run(tmp_path, {})                                         # newest, but unfinished
+    pending = runs_lib.new_run(tmp_path, {})                               # newest, but unfinished
     other = runs_lib.new_run(tmp_path, {}, name="micro")
     runs_lib.mark_finished(other)
     assert results.latest_run(tmp_path) == newer
     assert results.latest_run(tmp_path, name="micro") == other
+    copy = tmp_path / "runs" / "e2e-copy"                                  # a copy renamed by hand is not a run
+    shutil.copytree(newer, copy)
+    assert results.runs_of(tmp_path) == [old, newer, pending]
+    assert results.latest_run(tmp_path) == newer
 
 
 def test_latest_run_same_second(tmp_path, same_second):

@@ -213,6 +213,13 @@ def test_unknown_mode(tmp_path, smoke_data):
     assert "decode.modes" in msg and "turbo" in msg
 
 
+@pytest.mark.parametrize("given", [["baseline"], ["dense", "flash"]])
+def test_modes_need_the_baseline_and_a_draft(tmp_path, smoke_data, given):
+    smoke_data["decode"]["modes"] = given
+    msg = load_error(tmp_path, smoke_data)
+    assert "decode.modes must hold baseline" in msg and str(given) in msg
+
+
 def test_a_batch_size_below_one_is_refused(tmp_path, smoke_data):
     smoke_data["bench"]["head_batches"] = [1, 0, 8]
     msg = load_error(tmp_path, smoke_data)

@@ -134,7 +134,8 @@ def test_failure_keeps_previous_notebook_and_prints_the_error_in_two_lines(repo,
     assert len(lines) == 4
     assert (out / "01_fail.ipynb").read_text() == "previous results"
     assert failed.exists() and not (out / "01_fail.running.ipynb").exists()
-    assert not driver.stamp_path(out, "01_fail").exists()
+    assert "dependencies" not in driver.read_stamp(out, "01_fail")            # a failed run's stamp: never current
+    assert driver.stale_reason(out, "01_fail", {}) == "its last run did not finish"
     nb = nbformat.read(failed, as_version=4)
     assert any(o.get("ename") == "ValueError" for c in nb.cells if c.cell_type == "code" for o in c.outputs)
 
@@ -186,6 +187,35 @@ def test_a_lib_change_is_named(wrote, repo, capsys):
     assert rerun_lines(repo, capsys)[0] == "01_w: running (lib/a.py changed)"
 
 
+def test_a_later_notebook_that_fails_after_rewriting_a_result_leaves_the_earlier_one_current(wrote, repo, capsys):
+    # 02 rewrites 01's shared.json, then fails (Ctrl-C in notebook 03 after it updated 02's step breakdown, say):
+    # only 02 runs again
+    notebook(repo / "notebooks" / "02_w.ipynb", WRITES + "(out / 'shared.json').write_text('half')\nraise KeyError")
+    assert driver.run_all("p", "local", fresh=False, root=repo) == 1
+    capsys.readouterr()
+    notebook(repo / "notebooks" / "02_w.ipynb", WRITES + "(out / 'shared.json').write_text('from 02')")
+    assert rerun_lines(repo, capsys) == ["01_w: up to date, skipped", "02_w: running (its last run did not finish)"]
+
+
+def test_the_prompt_file_and_cuda_sources_are_dependencies(wrote, repo, capsys, monkeypatch):
+    (repo / "params" / "p.yaml").write_text("seed: 0\nprompts: {file: mine.jsonl}\n")
+    questions = repo / "mine.jsonl"
+    questions.write_text("{}\n")
+    monkeypatch.setattr(driver, "profile_prompt_file", lambda file: (questions, "questions"))
+    assert rerun_lines(repo, capsys)[0] == "01_w: running (the profile changed)"
+    questions.write_text('{"more": 1}\n')                  # `make data` arriving under prompts.file: auto, say
+    assert rerun_lines(repo, capsys)[0] == "01_w: running (the prompt file changed (mine.jsonl))"
+    (repo / "lib" / "kernel.cu").write_text("// a kernel\n")
+    assert rerun_lines(repo, capsys)[0] == "01_w: running (lib/kernel.cu changed)"
+
+
+def test_a_profile_given_as_its_file_runs_under_its_name(repo, monkeypatch):
+    ran = []
+    monkeypatch.setattr(driver, "preflight", ran.append)
+    monkeypatch.setattr(driver, "run_all", lambda profile, launcher, fresh: ran.append(profile) or 0)
+    assert driver.main(["params/p.yaml"]) == 0 and ran == ["p", "p"]
+
+
 def test_preflight_failure_stops_before_any_output(repo, monkeypatch, capsys):
     monkeypatch.setattr(driver, "PREFLIGHT", [sys.executable, "-c",
                                               "import sys; print('error: no GPU for', sys.argv[1]); sys.exit(2)"])
@@ -215,7 +245,8 @@ def test_tidy_drops_widget_state_and_timing_keeps_outputs_of_executed_notebooks(
     cell.metadata.execution = {"iopub.status.busy": "2026-01-01T00:00:00Z"}
     cell.outputs = [nbformat.v4.new_output("display_data", data={WIDGET: {"model_id": "abc123"}, "text/plain": "bar"}),
                     nbformat.v4.new_output("stream", name="stderr", text="a warning\n"),
-                    nbformat.v4.new_output("stream", name="stdout", text="result\n")]
+                    nbformat.v4.new_output("stream", name="stdout", text="res"),
+                    nbformat.v4.new_output("stream", name="stdout", text="ult\n")]   # one print, split by the kernel
     nb.cells = [cell]
     path = tmp_path / "nb.ipynb"
     nbformat.write(nb, path)
@@ -224,6 +255,7 @@ def test_tidy_drops_widget_state_and_timing_keeps_outputs_of_executed_notebooks(
     text = path.read_text()
     assert "abc123" not in text and "widget" not in text and "papermill" not in text and "iopub" not in text
     assert [o.get("name") for o in nbformat.read(path, as_version=4).cells[0].outputs] == ["stderr", "stdout"]
+    assert nbformat.read(path, as_version=4).cells[0].outputs[1].text == "result\n"
 
     tidy(path)                                                 # committed nbval references: no stderr either
     assert [o.get("name") for o in nbformat.read(path, as_version=4).cells[0].outputs] == ["stdout"]

@@ -231,6 +231,12 @@ def test_modes_leaving_the_baseline_at_one_point_share_one_gap_measurement(profi
     out = speculative.divergences(profile, recs + wrong, checkpoints.load_target(profile))
     assert [d["position"] for d in out] == [2, 2] and len(calls) == 1
     assert out[0]["gap_stepwise"] == out[1]["gap_stepwise"] >= 0 and out[0]["gap_batched"] >= 0
+    # notebook 04 reads back only the rows of the analysed run's divergent samples: none of a run equal to greedy
+    # decoding (a file left by an earlier run, say), both of this one
+    from lib.report.tables import records_frame
+    from lib.study import analysis
+    assert analysis.divergences(profile, records_frame(recs)).empty
+    assert len(analysis.divergences(profile, records_frame(recs + wrong))) == 2
 
 
 def test_a_missing_flash_checkpoint_is_rebuilt_without_redoing_notebook_01(profile, monkeypatch, tmp_path):

@@ -56,6 +56,13 @@ def test_without_a_driver_steps_only_iterate(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())
 
 
+def test_a_driver_out_of_reach_is_no_driver(tmp_path, monkeypatch):
+    # a Slurm shard on another node inherits the driver's path, whose folder is not there
+    monkeypatch.setenv("STUDY_PROGRESS", str(tmp_path / "gone" / "progress.jsonl"))
+    assert list(progress.steps([1, 2], "x")) == [1, 2]
+    progress.note("still printed")
+
+
 class Clock:
     def __init__(self):
         self.t = 1000.0

@@ -5,6 +5,7 @@ profile; the body loads as a plain Qwen3 or Llama model, remote code off."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -30,11 +31,25 @@ def special_token_ids(tokenizer) -> list[int]:
 
 def save_flash_checkpoint(draft_dir: str | Path, out_dir: str | Path, centroids: torch.Tensor,
                           assignments: torch.Tensor, n_probes: int, special_ids: list[int],
-                          cache_dir: str = "flash_head_assets") -> Path:
-    """Write a FlashHead model directory: the draft's files, flash keys in config.json, clustering assets."""
+                          replace: bool = True) -> Path:
+    """Write a FlashHead model directory: the draft's files, flash keys in config.json, clustering assets. It is
+    written beside out_dir and renamed into place whole, so that processes making the same one at once (Slurm
+    shards) never read or write a half-made one; replace=False keeps one that is already there."""
     out = Path(out_dir)
-    if out.exists():
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    _write_flash_dir(Path(draft_dir), tmp, centroids, assignments, n_probes, special_ids)
+    if replace and out.exists():
         shutil.rmtree(out)
+    try:
+        tmp.rename(out)
+    except OSError:                              # another process put one there first: the same clustering, kept
+        shutil.rmtree(tmp)
+    return out
+
+
+def _write_flash_dir(draft_dir: Path, out: Path, centroids: torch.Tensor, assignments: torch.Tensor, n_probes: int,
+                     special_ids: list[int], cache_dir: str = "flash_head_assets") -> None:
     shutil.copytree(draft_dir, out)
     cfg = json.loads((out / "config.json").read_text())
     body = (cfg.get("architectures") or ["Qwen3ForCausalLM"])[0]                  # FlashHeadQwen3/LlamaForCausalLM
@@ -47,7 +62,6 @@ def save_flash_checkpoint(draft_dir: str | Path, out_dir: str | Path, centroids:
     save_file({"centroids": centroids.float().T[None, None].contiguous().cpu(),
                "cluster_assignments": assignments.to(torch.int64).contiguous().cpu()},
               str(out / cache_dir / "clustering_cache.safetensors"))
-    return out
 
 
 def read_flash_checkpoint(path: str | Path, hidden_size: int | None = None, vocab_size: int | None = None):
@@ -169,10 +183,11 @@ def equal_size_clusters(profile: Profile, x: torch.Tensor, progress: bool = Fals
     return assign, cl.centroids_of(cl.unit(x), assign, n), seconds
 
 
-def write_flash_checkpoint(profile: Profile, tok, assign: torch.Tensor, cents: torch.Tensor) -> Path:
+def write_flash_checkpoint(profile: Profile, tok, assign: torch.Tensor, cents: torch.Tensor,
+                           replace: bool = True) -> Path:
     """Our clustering of the profile's draft as a FlashHead checkpoint in profile.flash_dir."""
     return save_flash_checkpoint(checkpoints.model_path(profile, "draft"), profile.flash_dir, cents, assign,
-                                 profile.clustering.n_probes, special_token_ids(tok))
+                                 profile.clustering.n_probes, special_token_ids(tok), replace=replace)
 
 
 def ensure_flash_checkpoint(profile: Profile) -> Path:
@@ -182,4 +197,4 @@ def ensure_flash_checkpoint(profile: Profile) -> Path:
         return profile.flash_dir
     draft = checkpoints.load_draft(profile)
     assign, cents, _ = equal_size_clusters(profile, draft.get_output_embeddings().weight.detach().float())
-    return write_flash_checkpoint(profile, checkpoints.load_tokenizer(profile), assign, cents)
+    return write_flash_checkpoint(profile, checkpoints.load_tokenizer(profile), assign, cents, replace=False)

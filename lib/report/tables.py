@@ -174,6 +174,13 @@ def adaptive_tables(ad: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.DataFrame(ad["policies"]).set_index("policy"), pd.DataFrame(ad["regret"]).T
 
 
+def first_difference(tokens: list[int], baseline: list[int] | None) -> int | None:
+    """The first position where a sample's tokens leave the baseline's (None without a baseline)."""
+    if baseline is None:
+        return None
+    return next(i for i, (a, b) in enumerate(zip(tokens + [-1], baseline + [-1])) if a != b)
+
+
 def divergence_points(div: pd.DataFrame) -> pd.DataFrame:
     """divergences.json's rows grouped by the point where outputs leave the baseline (iteration, prompt,
     position): how many modes leave there, the tokens and the logit gaps (measured once per point)."""

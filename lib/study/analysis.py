@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import modes
 from ..config import Profile
 from ..report import sampling as sampling_report
 from ..report.peers import table as peers_table
-from ..report.tables import aggregate, records_frame, run_kernels
+from ..report.tables import aggregate, first_difference, records_frame, run_kernels
 from ..results import finish_time, finished, read_json, read_records, runs_of
 
 # What notebook 04 shows, reached through its one import of this module.
@@ -53,10 +54,20 @@ def adaptive_results(profile: Profile) -> dict | None:
     return optional_json(profile, "adaptive.json")
 
 
-def divergences(profile: Profile) -> pd.DataFrame:
-    """divergences.json's rows, one per sample that leaves the baseline (none: an empty frame)."""
+def divergences(profile: Profile, df: pd.DataFrame) -> pd.DataFrame:
+    """divergences.json's rows for the samples of the run in `df` that leave the baseline, each at the position where
+    that sample leaves it (none: an empty frame). The file is notebook 03's last measurement, which may be of an
+    earlier run (a run reused without its target, say): its other rows are left out."""
     data = optional_json(profile, "divergences.json")
-    return pd.DataFrame(data["divergences"]) if data is not None else pd.DataFrame()
+    rows = pd.DataFrame(data["divergences"]) if data is not None else pd.DataFrame()
+    if rows.empty:
+        return rows
+    base = {(r.iteration, r.question_id): r.tokens for r in df[df["mode"] == modes.BASELINE].itertuples()}
+    leaves = {(r.mode, r.iteration, r.question_id): first_difference(r.tokens, base.get((r.iteration, r.question_id)))
+              for r in df[~df.exact_match.astype(bool)].itertuples()}
+    keep = [leaves.get((r.mode, r.iteration, r.question_id)) == r.position for r in rows.itertuples()]
+    return rows[keep].reset_index(drop=True)
+
 
 
 def peers(profile: Profile, agg: pd.DataFrame) -> pd.DataFrame | None:

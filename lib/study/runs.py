@@ -144,8 +144,13 @@ def merge_records(run: Path, records: list[dict]) -> None:
 
 
 def finish_run(run: Path) -> list[dict]:
-    """Mark exact matches against the baseline's greedy output, then close the run."""
-    recs = read_records(run)
+    """Mark exact matches against the baseline's greedy output, then close the run. A sample recorded twice (a
+    shard that ran again before its first job ended) keeps its first record."""
+    seen, recs = set(), []
+    for r in read_records(run):
+        if record_key(r) not in seen:
+            seen.add(record_key(r))
+            recs.append(r)
     ref = {(r["iteration"], r["question_id"]): r["tokens"] for r in recs if r["mode"] == modes.BASELINE}
     for r in recs:
         r["exact_match"] = r["tokens"] == ref.get((r["iteration"], r["question_id"]))
@@ -170,9 +175,14 @@ def sample_keys(profile: Profile, n_prompts: int) -> list[tuple]:
     return keys
 
 
+def record_key(record: dict) -> tuple:
+    """What a sample is: (iteration, question id, mode)."""
+    return record["iteration"], record["question_id"], record["mode"]
+
+
 def pending_keys(profile: Profile, run: Path, question_ids: list[int], shard: tuple[int, int] = (0, 1)) -> list:
     """Sample keys of this shard (every n-th prompt from i) that the run has no record of yet."""
-    done = {(r["iteration"], r["question_id"], r["mode"]) for r in read_records(run)}
+    done = {record_key(r) for r in read_records(run)}
     return [k for k in sample_keys(profile, len(question_ids)) if k[1] % shard[1] == shard[0]
             and (k[0], question_ids[k[1]], modes.name(*k[2:])) not in done]
 
@@ -234,12 +244,17 @@ def launch_slurm(profile: Profile, run: Path, question_ids: list[int], shard_fn,
                          **({"slurm_partition": c.partition} if c.partition and cluster == "slurm" else {}))
     jobs = ex.map_array(shard_fn, [profile] * len(shards), [run] * len(shards), shards)
     failed = []
-    for shard, job in zip(shards, steps(jobs, "shards", "jobs")):
-        try:
-            job.result()
-        except Exception as e:                                                     # noqa: BLE001 - reported below
-            lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln] or [repr(e)]
-            failed.append(f"shard {shard[0]}/{n} (job {job.job_id}): {lines[-1]}; log: {job.paths.stderr}")
+    try:
+        for shard, job in zip(shards, steps(jobs, "shards", "jobs")):
+            try:
+                job.result()
+            except Exception as e:                                                 # noqa: BLE001 - reported below
+                lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln] or [repr(e)]
+                failed.append(f"shard {shard[0]}/{n} (job {job.job_id}): {lines[-1]}; log: {job.paths.stderr}")
+    except BaseException:                 # interrupted: no job may go on writing into the run a resume will use
+        for job in jobs:
+            job.cancel(check=False)
+        raise
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(shards)} shards failed; finished samples are kept in {run}. "
                            "Run notebook 03 again (or make reproduce) to resume.\n" + "\n".join(failed))

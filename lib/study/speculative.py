@@ -13,6 +13,7 @@ from ..engine.runner import Runner
 from ..models import build as engines, checkpoints
 from ..models.flash_checkpoint import ensure_flash_checkpoint
 from ..progress import note, steps
+from ..report.tables import first_difference
 from ..results import save_json
 from . import runs
 from .adaptive import adaptive_study
@@ -97,7 +98,7 @@ def divergences(profile: Profile, records: list[dict], target_model) -> list[dic
         ref = base.get((r["iteration"], r["question_id"]))
         if r.get("exact_match", True) or ref is None:
             continue
-        j = next(i for i, (a, b) in enumerate(zip(r["tokens"] + [-1], ref + [-1])) if a != b)
+        j = first_difference(r["tokens"], ref)
         point = (r["iteration"], r["question_id"], j)
         if point not in measured:
             measured[point] = logit_gaps(runner, W, enc[r["question_id"]], ref[:j])
