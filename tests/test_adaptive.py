@@ -242,7 +242,7 @@ def test_bad_profile_settings_are_refused(section, kw, match):
 
 def test_adaptive_drafts_need_fixed_k():
     p = config.load_profile("smoke")
-    p = replace(p, decode=replace(p.decode, modes=["flash_adaptive"], k_policies=["grow"]))
+    p = replace(p, decode=replace(p.decode, modes=["baseline", "flash_adaptive"], k_policies=["grow"]))
     with pytest.raises(config.ConfigError, match="fixed K only"):
         config.validate(p, "smoke.yaml")
 
