@@ -27,7 +27,7 @@ def synthetic(p, need) -> None:
              "num_attention_heads*head_dim divisible by the group size 128")
         need(t.num_key_value_heads * t.head_dim % 8 == 0, "models.synthetic.target_quant awq needs "
              "num_key_value_heads*head_dim divisible by 8")
-    need(s.vocab_size % p.clustering.n_clusters == 0,
+    need(p.clustering.n_clusters >= 1 and s.vocab_size % p.clustering.n_clusters == 0,
          f"clustering.n_clusters ({p.clustering.n_clusters}) must divide the vocabulary ({s.vocab_size})")
 
 

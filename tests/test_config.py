@@ -205,6 +205,8 @@ def test_n_clusters_must_divide_vocabulary(tmp_path, smoke_data):
     smoke_data["clustering"]["probe_sweep"] = [1, 2]
     msg = load_error(tmp_path, smoke_data)
     assert "n_clusters" in msg and "100" in msg
+    smoke_data["clustering"]["n_clusters"] = 0                # one line, not a ZeroDivisionError
+    assert "clustering.n_clusters (0) must divide" in load_error(tmp_path, smoke_data)
 
 
 def test_unknown_mode(tmp_path, smoke_data):

@@ -252,6 +252,12 @@ def test_a_missing_flash_checkpoint_is_rebuilt_without_redoing_notebook_01(profi
     again = read_flash_checkpoint(profile.flash_dir)
     assert torch.equal(first[2], again[2]) and torch.equal(first[1], again[1]) and first[0] == again[0]
     assert (profile.out_dir / "clustering.json").read_text() == measured
+    # a checkpoint of another number of clusters is never used: loading it says so, and ensuring one makes it again
+    fewer = replace(profile, clustering=replace(profile.clustering, n_clusters=profile.clustering.n_clusters // 2))
+    with pytest.raises(ValueError, match="clusters, the profile asks for"):
+        flash_checkpoint.flash_checkpoint_dir(fewer)
+    flash_checkpoint.ensure_flash_checkpoint(fewer)
+    assert read_flash_checkpoint(fewer.flash_dir)[1].shape[0] == fewer.clustering.n_clusters
 
 
 # resuming never mixes code versions; a commit claim is checked against the tree

@@ -1,4 +1,5 @@
 """Checks before any work: devices, inputs and disk, each refused in one line naming what is wrong."""
+import json
 import subprocess
 import sys
 import time
@@ -70,7 +71,10 @@ def test_no_disk_needed_once_the_models_exist(monkeypatch, tmp_path):
     p = load_profile("smoke")
     assert preflight.disk_needed(p) > 0
     (tmp_path / "smoke").mkdir()
-    (tmp_path / "smoke" / "stamp.json").write_text("{}")
+    (tmp_path / "smoke" / "stamp.json").write_text("{}")                   # another seed's pair: made again
+    assert preflight.disk_needed(p) > 0
+    from lib.models.checkpoints import synthetic_stamp
+    (tmp_path / "smoke" / "stamp.json").write_text(json.dumps(synthetic_stamp(p)))
     assert preflight.disk_needed(p) == 0
 
 

@@ -63,9 +63,11 @@ class FlashHead:
         self.set_probes(n_probes)
 
     def bytes_read(self, n_probes: int | None = None) -> int:
-        """Bytes one state's greedy call must read at n_probes (default: its own): centroids, probed token rows."""
+        """Bytes one state's greedy call must read at n_probes (default: its own): centroids, probed token rows and
+        the special tokens' rows (scored at every call)."""
         p = self.n_probes if n_probes is None else n_probes
-        return (self.centroids.numel() + p * self.c2t.shape[1] * self.weight.shape[1]) * self.weight.element_size()
+        rows = p * self.c2t.shape[1] + self.special.numel()
+        return (self.centroids.numel() + rows * self.weight.shape[1]) * self.weight.element_size()
 
     def set_probes(self, n_probes: int) -> None:
         """Probe count and what depends on it. Two-stage top-p: split the c scores into R rows, top-p

@@ -149,9 +149,13 @@ def flash_checkpoint_dir(profile: Profile) -> Path:
     """The profile's FlashHead checkpoint directory (synthetic and gguf: made by notebook 01)."""
     if profile.models.source == "pretrained":
         return resolve_model_dir(profile.models.flash_draft)
-    if not (profile.flash_dir / "config.json").exists():
+    made = _clusters_made(profile)
+    if made is None:
         raise FileNotFoundError(f"no FlashHead checkpoint at {profile.flash_dir}: run notebook 01 "
                                 "(or lib.models.flash_checkpoint.ensure_flash_checkpoint)")
+    if made != profile.clustering.n_clusters:
+        raise ValueError(f"the FlashHead checkpoint at {profile.flash_dir} has {made} clusters, the profile asks for "
+                         f"{profile.clustering.n_clusters}: run notebook 01 again")
     return profile.flash_dir
 
 
@@ -192,9 +196,20 @@ def write_flash_checkpoint(profile: Profile, tok, assign: torch.Tensor, cents: t
 
 def ensure_flash_checkpoint(profile: Profile) -> Path:
     """The FlashHead draft checkpoint, made by the same seeded equal-size clustering as notebook 01's if it is
-    missing (a fresh machine, say); notebook 01's measurements (clustering.json) are neither redone nor rewritten."""
-    if profile.models.source == "pretrained" or (profile.flash_dir / "config.json").exists():
+    missing (a fresh machine, say) or of another number of clusters; notebook 01's measurements (clustering.json)
+    are neither redone nor rewritten."""
+    if profile.models.source == "pretrained":
+        return profile.flash_dir
+    checkpoints.model_path(profile, "draft")              # the base model first: one made again drops its FlashHead
+    made = _clusters_made(profile)
+    if made == profile.clustering.n_clusters:
         return profile.flash_dir
     draft = checkpoints.load_draft(profile)
     assign, cents, _ = equal_size_clusters(profile, draft.get_output_embeddings().weight.detach().float())
-    return write_flash_checkpoint(profile, checkpoints.load_tokenizer(profile), assign, cents, replace=False)
+    return write_flash_checkpoint(profile, checkpoints.load_tokenizer(profile), assign, cents, replace=made is not None)
+
+
+def _clusters_made(profile: Profile) -> int | None:
+    """n_clusters of the FlashHead checkpoint in profile.flash_dir (None where there is none)."""
+    cfg = profile.flash_dir / "config.json"
+    return json.loads(cfg.read_text()).get("n_clusters") if cfg.exists() else None

@@ -46,10 +46,12 @@ def context_plot(ctx: dict, projection: pd.DataFrame | None = None, path: Path |
         axes[1].plot(tab.index, tab[col], marker="o", label=f"{n} token" + ("s" if n > 1 else ""))
     axes[1].set(ylabel="target ms a call", title="target calls")
     axes[2].plot(tab.index, tab["dense/flash"], marker="o", color="k", label="draft step, measured")
-    for schedule in (modes.ORDINARY, modes.DEFERRED):
+    note = ", artificial acceptance" if ctx.get("synthetic") else ""
+    for schedule in modes.SCHEDULES:
         col = f"{schedule}: flash/dense"
         if projection is not None and col in projection:
-            axes[2].plot(projection.index, projection[col], marker="s", ls=":", label=f"decode, {schedule} (projected)")
+            axes[2].plot(projection.index, projection[col], marker="s", ls=":",
+                         label=f"decode, {schedule} (projected{note})")
     axes[2].axhline(1.0, color="grey", lw=0.8)
     axes[2].set(ylabel="FlashHead speedup", title="FlashHead over the dense head")
     for ax in axes:

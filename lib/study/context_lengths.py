@@ -38,13 +38,13 @@ def context_study(profile: Profile, target_model) -> dict:
             w = weight_bytes(drafts, target)
             bw = {dev: bench.copy_bandwidth(dev) for dev in {drafts[modes.DENSE].runner.device, target.device}
                   if dev.type == "cuda"}
-        rows.append({**context_row(profile, drafts, target, n), "cache_positions": target.max_len})
+        rows.append({**context_row(profile, drafts, target, n), "cache_positions": target.max_len,
+                     "draft_path": {name: d.runner.decode_path for name, d in drafts.items()}})   # checked at each
         add_bytes(rows[-1], drafts, target, w, profile.decode.k)
         add_floors(rows[-1], drafts[modes.DENSE].runner.device, target.device, bw)
-        paths = {name: d.runner.decode_path for name, d in drafts.items()}
         del target, drafts
     result = {"device": device_info(profile), "synthetic": profile.models.source == "synthetic",
-              "k": profile.decode.k, "draft_path": paths, "weight_bytes": w,
+              "k": profile.decode.k, "draft_path": rows[-1]["draft_path"] if rows else {}, "weight_bytes": w,
               "copy_GBps": {str(dev): v / 1e9 for dev, v in bw.items()}, "rows": rows}
     save_json(profile, "context.json", result)
     return result

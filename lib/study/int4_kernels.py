@@ -41,7 +41,7 @@ def awq_projection_shapes(profile: Profile) -> dict[str, tuple[int, int]] | None
         d, hd, heads, kv, inter = s.hidden_size, s.head_dim, s.num_attention_heads, s.num_key_value_heads, s.intermediate_size
     elif profile.models.source == "pretrained":
         from transformers import AutoConfig
-        c = AutoConfig.from_pretrained(checkpoints.model_path(profile, "target"))
+        c = AutoConfig.from_pretrained(checkpoints.resolve_model_dir(checkpoints.model_path(profile, "target")))
         if (getattr(c, "quantization_config", None) or {}).get("quant_method") != "awq":
             return None
         d, heads, kv, inter = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size
