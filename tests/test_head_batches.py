@@ -43,6 +43,7 @@ def test_bytes_and_speedup_follow_from_the_measured_quantities(study):
         assert r["dense_bytes"] == V * d * 4                                    # fp32 smoke weights
         assert r["flash_bytes"] == pytest.approx((c + r["union_share"] * V + s) * d * 4)   # c clusters of V / c
         assert r["bytes_ratio"] == pytest.approx(r["dense_bytes"] / r["flash_bytes"])
+        assert r["timed_flash_bytes"] == pytest.approx((c + r["timed_union_share"] * V + s) * d * 4)   # timed batch
         assert r["speedup"] == pytest.approx(r["dense"]["mean_ms"] / r["flash"]["mean_ms"])
 
 
