@@ -37,7 +37,7 @@ from tidy import tidy  # noqa: E402 - notebooks/tidy.py, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from lib.config import Prompts, profile_files, read_yaml  # noqa: E402 - profiles (no model code)
+from lib.config import Prompts, merged, profile_files, read_yaml  # noqa: E402 - profiles (no model code)
 from lib.prompts import profile_prompt_file  # noqa: E402 - which prompt file a profile reads
 from watch import Watch, duration  # noqa: E402 - notebooks/watch.py, beside this file
 
@@ -93,12 +93,14 @@ def dependencies(root: Path, profile: str, notebook: Path, out: Path, earlier: l
 
 
 def prompt_file(files: list[Path]) -> Path:
-    """The question file a profile reads (its own prompts.file, else the one it extends', else the default); `auto`
-    follows `make data`."""
-    layers = [read_yaml(f) for f in files]
-    given = [d["prompts"]["file"] for d in layers if isinstance(d, dict) and isinstance(d.get("prompts"), dict)
-             and isinstance(d["prompts"].get("file"), str)]
-    return profile_prompt_file(given[0] if given else Prompts.file)[0]
+    """The question file a profile reads (its files merged as lib.config.load_profile merges them, else the
+    default); `auto` follows `make data`. A malformed profile reads the default here: preflight refuses it."""
+    data = {}
+    for f in reversed(files):
+        layer = read_yaml(f)
+        data = merged(data, layer) if isinstance(layer, dict) else data
+    given = (data.get("prompts") or {}).get("file") if isinstance(data.get("prompts"), dict) else None
+    return profile_prompt_file(given if isinstance(given, str) else Prompts.file)[0]
 
 
 def result_files(out: Path) -> dict[str, int]:

@@ -27,11 +27,17 @@ def synthetic_stamp(profile: Profile) -> dict:
     return {"seed": profile.seed, "dtype": profile.dtype, "synthetic": as_dict(profile)["models"]["synthetic"]}
 
 
+def synthetic_current(profile: Profile) -> bool:
+    """Whether the synthetic pair on disk is this profile's (its stamp matches: else it is made again)."""
+    stamp = profile.model_dir / "stamp.json"
+    return stamp.exists() and json.loads(stamp.read_text()) == synthetic_stamp(profile)
+
+
 def ensure_synthetic(profile: Profile) -> Path:
     """Make, save (save_pretrained) and stamp the synthetic pair once; later calls reuse it."""
     root = profile.model_dir
     stamp = root / "stamp.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == synthetic_stamp(profile):
+    if synthetic_current(profile):
         return root
     syn = profile.models.synthetic
     shutil.rmtree(root, ignore_errors=True)

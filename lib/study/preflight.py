@@ -4,7 +4,6 @@ matches the code, its inputs are on this machine and there is room on disk for w
 first)."""
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -53,13 +52,6 @@ def gguf_converted_bytes(profile: Profile) -> int:
     return int(size * 8 / 4.5) * 4
 
 
-def synthetic_current(profile: Profile) -> bool:
-    """Whether the synthetic pair on disk is this profile's (its stamp matches: else it is made again)."""
-    from ..models.checkpoints import synthetic_stamp
-    stamp = profile.model_dir / "stamp.json"
-    return stamp.exists() and json.loads(stamp.read_text()) == synthetic_stamp(profile)
-
-
 def disk_needed(profile: Profile) -> int:
     """Bytes the profile will write under models/ (synthetic checkpoints; gguf: the converted model and
     its FlashHead copy) that are not there yet."""
@@ -69,7 +61,10 @@ def disk_needed(profile: Profile) -> int:
         model = gguf_converted_bytes(profile)
         return (0 if converted else model) + (0 if converted and (profile.flash_dir / "config.json").exists() else model)
     syn = profile.models.synthetic
-    if profile.models.source != "synthetic" or synthetic_current(profile):
+    if profile.models.source != "synthetic":
+        return 0
+    from ..models.checkpoints import synthetic_current
+    if synthetic_current(profile):
         return 0
     b = DTYPE_BYTES[profile.dtype]
     draft = decoder_params(syn.draft, syn.vocab_size, tied=True) * b
