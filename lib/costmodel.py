@@ -35,7 +35,7 @@ def call_costs(micro: dict, target_step: dict, draft: str = modes.FLASH) -> dict
             "T_q2": block[two]["mean_ms"] / block["k"] if two in block else t_q}
 
 
-def tpot_ms(costs: dict, k: int, emitted: float, schedule: str, skip: float = 0.0, appends: float = 1.0,
+def tpot_ms(costs: dict, k: float, emitted: float, schedule: str, skip: float = 0.0, appends: float = 1.0,
             ahead: float = 0.0) -> float:
     """TPOT ~ ((1 - s) T_p(K) + K*T_q + u T_o) / E[R], the share `ahead` of the rounds charged K*T_q2 instead
     (their block launched ahead, fed two tokens: measured_ahead); T_o is the single-token append (ordinary; pipelined,
@@ -43,9 +43,10 @@ def tpot_ms(costs: dict, k: int, emitted: float, schedule: str, skip: float = 0.
     whose verify batch carries one more token: T_p(K+1)). s is the share of rounds without a verify call:
     the ordinary schedule skips it when the first proposal disagrees with the pending prediction, which
     happens with probability 1 - alpha at per-token acceptance alpha (skip_share); in the deferred schedule
-    only the first round of a generation can skip. Pass the measured share (skipped / rounds) or the
+    only the first round of a generation can skip. Pass the measured share (measured_skip) or the
     expectation; 0 charges a verify every round. u is the share of rounds that append: a generation's last
-    round has no next token to predict (measured_appends); 1 charges every round, as for a long generation."""
+    round has no next token to predict (measured_appends); 1 charges every round, as for a long generation.
+    K is the block length; the check against a run passes its mean block (measured_block)."""
     tp, tq = costs["T_p"], draft_token_ms(costs, ahead)
     if schedule == modes.BASELINE:
         return tp[1]
@@ -73,12 +74,20 @@ def projected_tok_s(costs: dict, k: int, emitted: float, schedule: str) -> float
     return 1000 / tpot_ms(costs, k, emitted, schedule, skip)
 
 
-def round_calls(tp: dict, k: int, schedule: str, appends: float = 1.0) -> tuple[float, float]:
+def round_calls(tp: dict, k: float, schedule: str, appends: float = 1.0) -> tuple[float, float]:
     """(a verify call, a round's append) in ms from the target call costs tp: the deferred verify carries K+1 tokens
-    and nothing is appended; the other schedules verify K and append one token in the share `appends` of rounds."""
+    and nothing is appended; the other schedules verify K and append one token in the share `appends` of rounds.
+    K may be a run's mean block (measured_block)."""
     if schedule == DEFERRED:
-        return tp[min(k + 1, max(tp))], 0.0
-    return tp[k], appends * tp[1]
+        return target_ms(tp, k + 1), 0.0
+    return target_ms(tp, k), appends * tp[1]
+
+
+def target_ms(tp: dict, n: float) -> float:
+    """T_p(n) from the call costs tp: interpolated linearly between the lengths it holds (a mean block is no
+    integer), the longest one's beyond them."""
+    lengths = sorted(tp)
+    return float(np.interp(n, lengths, [tp[i] for i in lengths]))
 
 
 def skip_share(alpha: float, schedule: str) -> float:
@@ -105,8 +114,14 @@ def _checked(agg: pd.DataFrame):
 
 
 def measured_skip(r) -> float:
-    """The share of a mode's rounds without a verify call (skipped / rounds; 0 for the baseline)."""
-    return float(r.skipped / r.rounds) if r.schedule != modes.BASELINE and r.rounds > 0 else 0.0
+    """The share of a mode's rounds without a verify call (1 - verify calls / rounds: the skipped rounds, and a
+    generation's last round where it had nothing to propose; 0 for the baseline)."""
+    return float(1 - r.verify_calls / r.rounds) if r.schedule != modes.BASELINE and r.rounds > 0 else 0.0
+
+
+def measured_block(r, k: int) -> float:
+    """A mode's mean block (proposed / rounds): K, less where max_new cut a generation's last round short."""
+    return float(r.mean_block) if r.rounds > 0 else float(k)
 
 
 def measured_ahead(r) -> float:
@@ -131,8 +146,8 @@ def first_appends(r) -> int:
 
 def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd.DataFrame:
     """Measured decode tok/s beside the cost model fed with the measured mean emitted per round, the
-    measured share of rounds whose verify call was skipped (skipped / rounds) and of those that append
-    (measured_appends: a generation's last round does not), plus the per-token share
+    measured share of rounds without a verify call (measured_skip) and of those that append (measured_appends: a
+    generation's last round does not), K the run's mean block (measured_block), plus the per-token share
     of the initial step (draft prefill and first append). The rounds columns leave the initial step out of both:
     the measured tokens over the rounds' time, and the model's 1 / TPOT (a sample's start is eager, host-bound and
     varies from run to run more than a cheaper head changes the rounds)."""
@@ -143,10 +158,11 @@ def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
         em = 1.0 if r.schedule == modes.BASELINE else r.mean_emitted
         tokens = r.decode_tok_s * r.decode_total_ms / 1000
         initial = r.initial_ms / tokens                                  # I: draft prefill + first append, per token
-        skip, appends = measured_skip(r), measured_appends(r)
-        tpot = tpot_ms(call_costs(micro, target_step, r.draft), k, em, r.schedule, skip, appends, measured_ahead(r))
+        skip, appends, block = measured_skip(r), measured_appends(r), measured_block(r, k)
+        tpot = tpot_ms(call_costs(micro, target_step, r.draft), block, em, r.schedule, skip, appends, measured_ahead(r))
         pred = 1000 / (tpot + initial)
-        rows.append({"mode": mode, "schedule": r.schedule, "skip share": skip, "append share": appends,
+        rows.append({"mode": mode, "schedule": r.schedule, "mean block": block, "skip share": skip,
+                     "append share": appends,
                      "measured tok/s": r.decode_tok_s,
                      "model tok/s": pred, "model / measured": pred / r.decode_tok_s,
                      "rounds tok/s": 1000 * tokens / (r.decode_total_ms - r.initial_ms),
@@ -155,8 +171,8 @@ def model_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
 
 
 def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd.DataFrame:
-    """Where the model and the run part, per round (ms): the measured draft phase against K*T_q (K*T_q2 for the
-    rounds launched ahead), the
+    """Where the model and the run part, per round (ms), K the run's mean block (measured_block): the measured draft
+    phase against K*T_q (K*T_q2 for the rounds launched ahead), the
     measured verify phase against the model's (1 - skip share) T_p, the measured append (finalize) against
     the append share's T_o per round, and the decode time outside the timed phases (host work, and the
     pipelined schedule's wait for its append). The model's per-call costs are notebook 02's isolated draft step
@@ -169,14 +185,14 @@ def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
     for mode, r in _checked(agg):
         if r.schedule == modes.BASELINE or not r.rounds:
             continue
-        c, n = call_costs(micro, target_step, r.draft), r.rounds
+        c, n, block = call_costs(micro, target_step, r.draft), r.rounds, measured_block(r, k)
         skip = measured_skip(r)
-        verify, append = round_calls(c["T_p"], k, r.schedule, measured_appends(r))
+        verify, append = round_calls(c["T_p"], block, r.schedule, measured_appends(r))
         spans = r.initial_ms + r.draft_ms + r.verify_ms + (0 if r.schedule == PIPELINED else r.finalize_ms)
         target_calls = r.verify_calls + r.append_calls
         rows.append({"mode": mode, "measured ms/round": r.ms_per_round,
                      "draft": r.draft_ms / n,
-                     "model draft": k * draft_token_ms(c, measured_ahead(r)),
+                     "model draft": block * draft_token_ms(c, measured_ahead(r)),
                      "verify": r.verify_ms / n, "model verify": (1 - skip) * verify,
                      "finalize": r.finalize_ms / n,
                      "model finalize": append,
@@ -193,7 +209,7 @@ def phase_check(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> pd
 def summary_section(agg: pd.DataFrame, micro: dict, target_step: dict, k: int) -> dict:
     """summary.json's `cost_model`: per checked mode, predicted and measured decode tok/s and their ratio."""
     check = model_check(agg, micro, target_step, k)
-    return {m: {"schedule": r["schedule"], "skip_share": float(r["skip share"]),
+    return {m: {"schedule": r["schedule"], "mean_block": float(r["mean block"]), "skip_share": float(r["skip share"]),
                 "append_share": float(r["append share"]),
                 "predicted_tok_s": float(r["model tok/s"]), "measured_tok_s": float(r["measured tok/s"]),
                 "ratio": float(r["model / measured"]), "rounds_predicted_tok_s": float(r["model rounds tok/s"]),

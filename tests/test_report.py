@@ -325,7 +325,8 @@ def cost_row(schedule: str, k: int, rounds: int, skipped: int, emitted: float, r
     tokens = rounds * emitted
     return {"draft": "flash", "schedule": schedule, "k_policy": "fixed", "mean_emitted": emitted, "samples": 1,
             "append_calls": 1 if schedule == "deferred" else rounds + 1,     # the first token's, then every round's
-            "rounds": rounds, "skipped": skipped, "verify_calls": rounds - skipped, "initial_ms": 0.0,
+            "rounds": rounds, "skipped": skipped, "verify_calls": rounds - skipped, "mean_block": k,
+            "initial_ms": 0.0,
             "decode_total_ms": rounds * round_ms, "decode_tok_s": 1000 * tokens / (rounds * round_ms), **kw}
 
 
@@ -378,6 +379,30 @@ def test_cost_model_charges_an_append_only_in_rounds_that_make_one():
                                               target_call_ms=3920.0), micro, ts, k)
     assert phases.loc["flash_ordinary", "model finalize"] == pytest.approx(19.2) == phases.loc["flash_ordinary",
                                                                                               "finalize"]
+
+
+def test_cost_model_charges_a_run_its_mean_block():
+    """max_new cuts a generation's last round short (lib/engine/rounds.py: kk <= max_new - emitted - 1), and a round
+    left with nothing to propose makes no verify call: the check charges the run's mean block, proposed / rounds,
+    and a verify only in the share of rounds that made one (verify calls / rounds), not K and skipped / rounds."""
+    from lib import costmodel
+    micro = {"model_step": {"dense": {"mean_ms": 1.0}, "flash": {"mean_ms": 1.0}}}
+    ts = {"verify_ms": {"1": 10.0, "4": 16.0, "8": 24.0}}                   # T_p(n) = 8 + 2n from 1 to 8
+    k = 4
+    # 100 ordinary rounds proposing 350 (mean 3.5), 10 skipped and 5 with nothing to propose: 85 verify calls
+    # of 8 + 2 * 3.5 = 15 ms, 3.5 ms of drafting and 10 ms of append a round: 12.75 + 3.5 + 10 = 26.25 ms
+    row = cost_row("ordinary", k, 100, 10, 3.0, 26.25, mean_block=3.5, verify_calls=85)
+    check = costmodel.model_check(pd.DataFrame([row], index=["flash_ordinary"]), micro, ts, k)
+    assert check["model / measured"].iloc[0] == pytest.approx(1.0)
+    assert check["skip share"].iloc[0] == pytest.approx(0.15)
+    # deferred: every round verifies its block and one token more, T_p(4.5) = 17 ms, and drafts 3.5 ms
+    row = cost_row("deferred", k, 100, 0, 3.0, 20.5, mean_block=3.5)
+    phases = costmodel.phase_check(pd.DataFrame([row], index=["flash_deferred"]).assign(
+        draft_ms=350.0, verify_ms=1700.0, finalize_ms=0.0, ms_per_round=20.5, draft_body_ms=350.0, draft_head_ms=0.0,
+        target_call_ms=1700.0), micro, ts, k)
+    assert phases.loc["flash_deferred", "model draft"] == pytest.approx(3.5) == phases.loc["flash_deferred", "draft"]
+    assert phases.loc["flash_deferred", "model verify"] == pytest.approx(17.0) == phases.loc["flash_deferred", "verify"]
+    assert costmodel.target_ms({1: 10.0, 4: 16.0, 5: 18.0}, 7) == 18.0      # past the longest length measured
 
 
 def test_summary_carries_the_cost_model(tmp_path):

@@ -83,8 +83,8 @@ def summary(profile: Profile, device: str, clus: dict, micro: dict, agg: pd.Data
 
 def cost_model_section(profile: Profile, micro: dict, agg: pd.DataFrame, extra: dict | None = None) -> dict:
     """summary.json's `cost_model`: per mode the cost model checks (lib/costmodel.py model_check: fixed K,
-    a measured draft step), the predicted and measured decode tok/s and their ratio, with the measured share
-    of rounds whose verify call was skipped. Needs notebook 03's target_step.json (from `extra`, else the
+    a measured draft step), the predicted and measured decode tok/s and their ratio, with the measured mean block
+    and shares of rounds that verify and append. Needs notebook 03's target_step.json (from `extra`, else the
     file); empty without it."""
     ts = (extra or {}).get("target_step")
     path = profile.out_dir / "target_step.json"
