@@ -14,7 +14,8 @@ from torch.torch_version import TorchVersion
 
 
 def stats(ms: list[float]) -> dict:
-    """mean, p50, p95 (ms) and tokens per second of one-token calls."""
+    """mean, p50, p95 (ms) and tok_s, calls per second: tokens per second only where each call makes one token (the
+    head and the single step, as the thesis's tables 4.1-4.4 give them), not for a verify call or a block."""
     a = np.asarray(ms, dtype=float)
     mean = float(a.mean())
     return {"mean_ms": mean, "p50_ms": float(np.percentile(a, 50)), "p95_ms": float(np.percentile(a, 95)),
