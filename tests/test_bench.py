@@ -251,3 +251,21 @@ def test_before_cuda_12_6_the_breakdown_leaves_cupti_as_torch_has_it(monkeypatch
     monkeypatch.setenv("TEARDOWN_CUPTI", "0")
     bd = breakdown(lambda: torch.ones(4) * 2, "cpu", iters=2)
     assert os.environ["TEARDOWN_CUPTI"] == "0" and bd["cupti_torn_down"] is False
+
+
+def test_the_step_floor_counts_the_kv_cache_it_attends_to():
+    """notebook 02's floor of a draft step: its layers' weights, the KV cache at the positions it attends to (2 x layers x
+    kv heads x head_dim x positions x element size) and its head; the weights alone are body_bytes."""
+    import torch
+    from lib.engine.runner import KVCache
+    from lib.study.microbench import floors
+    cache = KVCache(n_layers=3, n_kv=2, max_len=64, head_dim=8, dtype=torch.bfloat16, device="cpu")
+    assert cache.bytes_at(10) == 2 * 3 * 2 * 8 * 10 * 2
+    layers = [torch.nn.Linear(100, 10, bias=False).to(torch.bfloat16)]             # 2,000 bytes of weights
+    dense = SimpleNamespace(runner=SimpleNamespace(layers=layers, cache=cache))
+    fh = SimpleNamespace(weight=torch.zeros(50, 4, dtype=torch.bfloat16), n_probes=2, n_clusters=4,
+                         bytes_read=lambda p: 100 * p)
+    f = floors(dense, fh, bandwidth=1e6, positions=10)                              # 1 byte a microsecond
+    assert f["body_bytes"] == 2000 and f["kv_cache_bytes"] == 1920
+    assert f["body_ms"] == pytest.approx(3.92) and f["dense_step_ms"] == pytest.approx(3.92 + 0.4)
+    assert f["flash_step_ms"] == pytest.approx(3.92 + 0.2)

@@ -32,6 +32,11 @@ class KVCache:
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[i], self.v[i]
 
+    def bytes_at(self, positions: int) -> int:
+        """Bytes of keys and values a step reads at `positions` cached positions, every layer."""
+        per_position = 2 * self.k[..., 0, :].numel() * self.k.element_size()
+        return positions * per_position
+
 
 @dataclass(frozen=True)
 class Acceleration:

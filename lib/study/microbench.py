@@ -48,7 +48,7 @@ def head_and_step_bench(profile: Profile, prepared: tuple | None = None) -> dict
               "layer_path": {k: d.runner.layer_path for k, d in drafts.items()},
               "decode_check": {k: getattr(d.runner.decode, "checked", None) for k, d in drafts.items()}}
     if dev.type == "cuda":                                                   # hardware floors, head paths, blocks
-        result["floors"] = floors(dense, fh, bench.copy_bandwidth(dev))
+        result["floors"] = floors(dense, fh, bench.copy_bandwidth(dev), pos + 1)
         result["dense_paths"] = {k: bench.stats(bench.time_calls(
             lambda g=GraphedHead(DenseHead(dense.head.head.weight, k), True): g(h), b.warmup, b.iters, dev))
             for k in kernels}
@@ -142,12 +142,13 @@ def probe_point(head, h: torch.Tensor, b, dev) -> dict:
     return {"n_probes": head.n_probes, "kernel": ran, **bench.stats(bench.time_calls(lambda: g(h), b.warmup, b.iters, dev))}
 
 
-def floors(dense, fh, bandwidth: float) -> dict:
-    """The least time (ms) each measured call can take at the measured bandwidth: the bytes it must read."""
-    W = fh.weight
-    body, dense_head, flash_head = bench.nbytes(dense.runner.layers), W.numel() * W.element_size(), fh.bytes_read
+def floors(dense, fh, bandwidth: float, positions: int) -> dict:
+    """The least time (ms) each measured call can take at the measured bandwidth: the bytes it must read (a step's body:
+    its layers' weights and the KV cache at the `positions` it attends to)."""
+    W, weights, kv = fh.weight, bench.nbytes(dense.runner.layers), dense.runner.cache.bytes_at(positions)
+    body, dense_head, flash_head = weights + kv, W.numel() * W.element_size(), fh.bytes_read
     ms = lambda nbytes: 1000 * nbytes / bandwidth
-    return {"bandwidth_GBps": bandwidth / 1e9, "body_bytes": body, "body_ms": ms(body),
+    return {"bandwidth_GBps": bandwidth / 1e9, "body_bytes": weights, "kv_cache_bytes": kv, "body_ms": ms(body),
             "dense_head_ms": ms(dense_head), "flash_head_ms": ms(flash_head(fh.n_probes)),
             "flash_head_ms_by_probes": {str(p): ms(flash_head(p)) for p in (1, 16, 256) if p <= fh.n_clusters},
             "dense_step_ms": ms(body + dense_head), "flash_step_ms": ms(body + flash_head(fh.n_probes))}
