@@ -767,3 +767,11 @@ def test_head_memory_table_shares_of_the_embeddings_and_the_draft():
     assert t.loc["FlashHead's tensors, torch path", "share of the draft's weights"] == pytest.approx(
         torch_path / (880932864 + emb))
     assert t.loc["embeddings (V x d), both heads", "share of the embeddings"] == 1
+
+
+def test_a_run_names_its_cards_for_the_figures():
+    """The e2e figures carry the run's card (config.json's device): one card, or the target's and the draft's."""
+    from lib.report.summary_json import run_cards
+    assert run_cards({"device": {"target": "NVIDIA H200", "draft": "NVIDIA H200"}}) == "NVIDIA H200"
+    assert run_cards({"device": {"target": "A", "draft": "B"}}) == "target on A, draft on B"
+    assert run_cards({}) == "unknown"

@@ -57,9 +57,14 @@ def figures(df: pd.DataFrame, agg: pd.DataFrame, micro: dict, out_dir: Path, not
     sns.set_theme(style="whitegrid", context="notebook")
     groups = by_schedule(agg)
     return {"latency": latency(micro, d / "latency_distributions.png"),
-            "phases": phase_shares(groups, d / "phase_shares.png"),
+            "phases": phase_shares(groups, d / "phase_shares.png", note),
             "accepted": accepted_lengths(df, agg, d / "accepted_lengths.png", note),
-            "throughput": throughput(df, agg, groups, d / "decode_throughput.png")}
+            "throughput": throughput(df, agg, groups, d / "decode_throughput.png", note)}
+
+
+def titled(title: str, note: str) -> str:
+    """A figure's title with the run's note (what its acceptance is, the card) below it, wrapped."""
+    return title + (f"\n({textwrap.fill(note, 90)})" if note else "")
 
 
 def latency(micro: dict, path: Path) -> Path:
@@ -72,8 +77,9 @@ def latency(micro: dict, path: Path) -> Path:
     return _save(fig, path)
 
 
-def phase_shares(groups: dict, path: Path) -> Path:
-    """Stacked shares of decode wall time per round phase, one panel per schedule."""
+def phase_shares(groups: dict, path: Path, note: str = "") -> Path:
+    """Stacked shares of decode wall time per phase (each sample's initial step, then the rounds' phases), one panel
+    per schedule."""
     fig, axes = panels(groups)
     colors = sns.color_palette("viridis", len(PHASES))
     for ax, (schedule, g) in zip(axes, groups.items()):
@@ -86,7 +92,8 @@ def phase_shares(groups: dict, path: Path) -> Path:
         ax.set(title=schedule, xlabel="share of decode wall time", xlim=(0, 1))
     same_rows(axes, groups)
     axes[-1].legend(bbox_to_anchor=(1.01, 1), loc="upper left", fontsize=8)
-    fig.suptitle("Where a round's time goes")
+    fig.suptitle(titled("Where decode time goes: each sample's initial step, then its rounds' phases", note),
+                 fontsize=10)
     return _save(fig, path)
 
 
@@ -101,12 +108,12 @@ def accepted_lengths(df: pd.DataFrame, agg: pd.DataFrame, path: Path, note: str 
     sns.heatmap(counts, annot=True, fmt=".2f", cmap="Blues", vmin=0, vmax=1, cbar=False, ax=ax,
                 annot_kws={"fontsize": 8})
     ax.set(xlabel="accepted draft tokens in a round", ylabel="",
-           title="Share of rounds by accepted length" + (f"\n({textwrap.fill(note, 70)})" if note else ""))
+           title=titled("Share of rounds by accepted length", note))
     ax.title.set_fontsize(10)
     return _save(fig, path)
 
 
-def throughput(df: pd.DataFrame, agg: pd.DataFrame, groups: dict, path: Path) -> Path:
+def throughput(df: pd.DataFrame, agg: pd.DataFrame, groups: dict, path: Path, note: str = "") -> Path:
     """Per-sample decode tok/s, one panel per schedule; the baseline's median as a dashed line in each."""
     tps = df.assign(tok_s=1000 * df.decode_tokens / df.decode_ms)
     base = tps[tps["mode"] == modes.BASELINE].tok_s.median() if (tps["mode"] == modes.BASELINE).any() else None
@@ -120,7 +127,7 @@ def throughput(df: pd.DataFrame, agg: pd.DataFrame, groups: dict, path: Path) ->
     same_rows(axes, groups)
     if base is not None:
         axes[-1].legend(bbox_to_anchor=(1.01, 1), loc="upper left", fontsize=8)
-    fig.suptitle("Per-sample decode throughput")
+    fig.suptitle(titled("Per-sample decode throughput", note), fontsize=10)
     return _save(fig, path)
 
 

@@ -24,7 +24,14 @@ def run_source(profile: Profile, run: Path) -> dict:
     wrote = [cfg.get("commit", "unknown"), *(r.get("commit", "unknown") for r in cfg.get("resumed", []))]
     return {"run": str(Path(run).relative_to(profile.out_dir)), "run_commit": cfg.get("commit", "unknown"),
             "run_started": cfg.get("started"), "sample_commits": list(dict.fromkeys(wrote)),  # each resume's too
-            "run_bodies": cfg.get("bodies"), "run_layers": cfg.get("layers")}
+            "run_bodies": cfg.get("bodies"), "run_layers": cfg.get("layers"), "run_device": run_cards(cfg)}
+
+
+def run_cards(cfg: dict) -> str:
+    """Where a run's engines ran, from its config.json: one card, or the target's and the draft's."""
+    dev = cfg.get("device") or {}
+    target, draft = dev.get("target", "unknown"), dev.get("draft", "unknown")
+    return target if target == draft else f"target on {target}, draft on {draft}"
 
 
 def extra_summary(profile: Profile) -> dict:
