@@ -2,6 +2,7 @@
 to greedy decoding; the probe count stays in its bounds and meets FlashHead at its ends; UCB1 and Thompson
 sampling explore every arm and then settle on the best one; bad settings are refused with a clear message."""
 import random
+import shutil
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -224,6 +225,39 @@ def test_adaptive_study_compares_every_policy_with_fixed_settings(smoke, smoke_r
         assert a["drafters"][f"{drafter}_kgrow"]["exact_match"] == 1.0
     assert a["drafters"]["dense"]["mean_k"] == pytest.approx(smoke.decode.k, abs=1)   # fixed K (the last block may be cut)
     assert report.extra_summary(smoke)["adaptive"]["policies"] == a["policies"]
+    # notebook 04 sets the adaptive drafts against the run it analyses, not the one that was newest in notebook 03
+    from lib.study import analysis, runs
+    later = runs.new_run(smoke.out_dir, {})
+    for r in smoke_run:                                                        # the e2e run's records
+        runs.append_record(later, {**r, "decode_ms": 2 * r["decode_ms"]})         # the same run, timed at half speed
+    runs.finish_run(later)
+    ad = analysis.adaptive_results(smoke, later)
+    e2e = [r for r in ad["policies"] if r["source"].startswith("e2e run")]
+    assert ad["e2e_run"] == later.name and e2e and all(r["source"] == f"e2e run {later.name}" for r in e2e)
+    before = {r["policy"]: r for r in a["policies"] if r["source"].startswith("e2e run")}
+    assert all(r["decode_tok_s"] == pytest.approx(before[r["policy"]]["decode_tok_s"] / 2) for r in e2e)
+    assert analysis.extra_summary(smoke, later)["adaptive"]["policies"] == ad["policies"]
+    shutil.rmtree(later)                                                      # the other tests' latest run stays theirs
+
+
+def test_e2e_adaptive_drafts_are_set_against_the_fixed_drafts_on_their_body_not_the_full_depth_control():
+    """An adaptive draft runs on the FlashHead draft's body; flash_full (gguf profiles) is the full-depth target with
+    FlashHead, a fidelity control whose acceptance is near 1: it was taken as the best fixed draft an adaptive draft
+    competes with (smollm2_full's e2e run: flash_adaptive deferred 9.27 tok/s against flash_full's 17.5, not fixed
+    FlashHead's 9.61 on the same body). A block policy of flash_full is still set against flash_full at fixed K."""
+    from lib.study.adaptive import e2e_rows
+
+    def rec(draft, schedule, tok_s, k_policy="fixed", **kw):
+        return {"mode": modes.name(draft, schedule, k_policy), "draft": draft, "schedule": schedule, "k_policy": k_policy,
+                "decode_tokens": tok_s, "decode_ms": 1000.0, "accepted": 3, "proposed": 4, "block_lengths": [4],
+                "probe_counts": [], "choices": [], **kw}
+    recs = [rec("baseline", "baseline", 5.0), rec("dense", "deferred", 9.0), rec("flash", "deferred", 9.6),
+            rec("flash_full", "deferred", 17.5), rec("flash_full", "deferred", 18.7, "grow"),
+            rec("flash_adaptive", "deferred", 9.3, probe_counts=[0, 2, 2]),
+            rec("bandit_ucb", "deferred", 9.2, choices=["dense", "flash_p8"])]
+    best = {r["policy"]: r["best_fixed"] for r in e2e_rows(recs, "e2e run x")}
+    assert best == {"flash_adaptive_deferred": "flash_deferred", "bandit_ucb_deferred": "flash_deferred",
+                    "flash_full_deferred_grow": "flash_full_deferred"}
 
 
 @pytest.mark.parametrize("section,kw,match", [

@@ -123,6 +123,28 @@ def test_append_and_read_records(tmp_path):
     assert results.read_records(run) == recs
 
 
+@pytest.mark.parametrize("dies_at", ["replace", "unlink"])
+def test_a_merge_interrupted_midway_loses_no_record(tmp_path, monkeypatch, dies_at):
+    """finish_run merges the shard files into samples.jsonl: stopped between any two of its file operations (a job
+    killed, say), the run still reads every record (it had unlinked the shards before putting their merge in place:
+    their records were left only in samples.jsonl.tmp, which nothing reads), and finishing again keeps each once."""
+    run = runs_lib.new_run(tmp_path, {})
+    recs = [{"iteration": 0, "question_id": q, "mode": "baseline", "tokens": [q]} for q in range(4)]
+    for r in recs:
+        runs_lib.append_record(run, r, shard=(r["question_id"] % 2, 2))
+
+    def dies(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Path, dies_at, dies)
+    with pytest.raises(KeyboardInterrupt):
+        runs_lib.finish_run(run)
+    monkeypatch.undo()
+    key = lambda r: r["question_id"]
+    assert {key(r) for r in results.read_records(run)} == {0, 1, 2, 3}
+    assert sorted(runs_lib.finish_run(run), key=key) == [{**r, "exact_match": True} for r in recs]
+    assert len(results.read_records(run)) == 4 and results.finished(run)
+
+
 def test_append_record_refuses_a_finished_run(tmp_path):
     run = runs_lib.new_run(tmp_path, {})
     runs_lib.append_record(run, {"i": 0})

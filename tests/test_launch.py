@@ -56,6 +56,16 @@ def test_submitit_local_shards_merge_into_one_results_set(profile):
     assert results.latest_run(profile.out_dir) == run
 
 
+@pytest.mark.parametrize("kw", [dict(limit=0), dict(per_group=0)])
+def test_a_profile_that_selects_no_prompt_is_refused_before_any_run(profile, kw):
+    # (it made a finished run of no sample, the latest one, on which notebook 04 failed with KeyError 'spans_ms',
+    # and the side studies with IndexError)
+    p = replace(profile, prompts=replace(profile.prompts, **kw))
+    with pytest.raises(ValueError, match="no prompt selected"):
+        speculative.run_speculative(p, fresh=True)
+    assert not results.runs_of(p.out_dir)
+
+
 def test_failed_shard_is_reported_and_rerun_resumes(profile):
     run, qids = new_run(profile)
     blocker = run / "samples.shard001of002.jsonl"

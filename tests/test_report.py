@@ -405,6 +405,21 @@ def test_cost_model_charges_a_run_its_mean_block():
     assert costmodel.target_ms({1: 10.0, 4: 16.0, 5: 18.0}, 7) == 18.0      # past the longest length measured
 
 
+def test_a_run_without_block_lengths_has_its_mean_block_from_its_counters():
+    """Records made before block policies carry no block_lengths (records_frame gives them []): a mode's mean block
+    is proposed / rounds all the same (it was 0, and the cost model then charged no drafting and a verify of
+    T_p(1) or T_p(0 + 1))."""
+    recs = [fake("flash_deferred", "deferred", 12, 100.0, [2, 3, 3], 12)]
+    new = [{**r, "k_policy": "fixed", "block_lengths": [4, 4, 4]} for r in recs]
+    old, now = (report.aggregate(report.records_frame(rs)) for rs in (recs, new))
+    assert old.loc["flash_deferred", "mean_block"] == now.loc["flash_deferred", "mean_block"] == 4.0
+    from lib import costmodel
+    micro = {"model_step": {"dense": {"mean_ms": 1.0}, "flash": {"mean_ms": 1.0}}}
+    ts = {"verify_ms": {str(n): 20.0 for n in range(1, 9)}}
+    check = costmodel.model_check(old, micro, ts, 4)         # 20 ms verify + 4 x 1 ms drafting a round of 11 / 3 tokens
+    assert check.loc["flash_deferred", "model rounds tok/s"] == pytest.approx(1000 * 11 / 3 / 24)
+
+
 def test_summary_carries_the_cost_model(tmp_path):
     micro = {"model_step": {"dense": {"mean_ms": 1.0}, "flash": {"mean_ms": 1.0}}}
     ts = {"verify_ms": {str(n): 20.0 for n in range(1, 9)}}
@@ -427,6 +442,25 @@ def test_engine_overhead_is_never_negative_and_overlap_is_reported():
     assert piped.engine_overhead_frac == 0 and piped.overlap_ms == pytest.approx(18.0)
     assert piped.overlap_frac == pytest.approx(0.18)
     assert serial.engine_overhead_frac == pytest.approx(0.1) and serial.overlap_ms == 0 and serial.overlap_frac == 0
+
+
+def test_overlap_pairs_each_pipelined_mode_with_the_serial_one_of_its_draft_and_block_policy():
+    """Pipelined against serial ordinary, per draft and block policy: a profile with an adaptive block policy has two
+    pipelined modes per draft (they were matched by draft alone: duplicate labels, a ValueError), and a profile whose
+    only schedule is pipelined has nothing to set them against (a KeyError): no row."""
+    def rec(mode, schedule, ms, **kw):
+        return fake(mode, schedule, 10, ms, [3, 3], 8, spans_ms={"draft": 0.2 * ms, "verify": 0.4 * ms,
+                                                                  "finalize": 0.3 * ms}, **kw)
+    recs = [rec("dense_ordinary", "ordinary", 100.0, k_policy="fixed", block_lengths=[4, 4]),
+            rec("dense_pipelined", "pipelined", 80.0, k_policy="fixed", block_lengths=[4, 4]),
+            rec("dense_ordinary_grow", "ordinary", 50.0, k_policy="grow", block_lengths=[4, 4]),
+            rec("dense_pipelined_grow", "pipelined", 45.0, k_policy="grow", block_lengths=[4, 4])]
+    out = report.overlap(report.aggregate(report.records_frame(recs)))
+    assert list(out.index) == ["dense", "dense_grow"]
+    assert out["overlap gain"].tolist() == pytest.approx([1 - 80 / 100, 1 - 45 / 50])
+    assert out["bound on gain"].tolist() == pytest.approx([20 / 100, 10 / 50])         # min(finalize, draft) / serial
+    alone = report.aggregate(report.records_frame([recs[1]]))
+    assert report.overlap(alone).empty
 
 
 # the report's layer and notebook 04's tables (issue 23)

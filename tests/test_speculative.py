@@ -218,6 +218,22 @@ def test_baseline_refuses_impossible_arguments(pair, max_new, n, match):
         generate_baseline(target_of(pair), Request(prompt_of(n), max_new))
 
 
+@pytest.mark.parametrize("kw,match", [(dict(k=4.0), "k must be a block length"), (dict(k=None), "k must be a block length"),
+                                      (dict(max_new=5.5), "max_new must be an integer")])
+def test_a_request_of_the_wrong_type_is_refused_in_one_line(kw, match):
+    # (k 4.0 or None raised AttributeError: 'float' object has no attribute 'k_max'; max_new 5.5 passed, to fail
+    # deep in the engine)
+    with pytest.raises(ValueError, match=match):
+        Request(prompt_of(7), **{"max_new": 8, "schedule": "ordinary", **kw})
+
+
+def test_numpys_integers_are_block_lengths_and_token_counts(pair, heads, baselines):
+    import numpy as np
+    res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D),
+                               Request(prompt_of(7), np.int64(MAX_NEW), "deferred", np.int64(3)))
+    assert res.tokens == baselines[7].tokens
+
+
 def test_flash_head_refuses_more_probes_than_clusters(pair, draft_clustering):
     W, cents, assign = draft_clustering
     with pytest.raises(ValueError, match=f"n_probes must be in 1..{N_CLUSTERS}"):

@@ -5,6 +5,7 @@ model to be checked, except whether its tokens fit a runner's KV cache (check_ca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from numbers import Integral
 
 from .blocks import FixedK
 from ..modes import ORDINARY, SCHEDULES
@@ -35,8 +36,14 @@ class Request:
         object.__setattr__(self, "prompt", tuple(self.prompt))               # frozen: held as tuple and frozenset
         object.__setattr__(self, "stop", frozenset(self.stop))
         need(len(self.prompt) >= 1, "a request needs at least 1 prompt token")
+        need(isinstance(self.max_new, Integral), f"max_new must be an integer, got {self.max_new!r}")
+        object.__setattr__(self, "max_new", int(self.max_new))
         need(self.max_new >= 1, f"max_new must be >= 1, got {self.max_new}")
         need(self.schedule in SCHEDULES, f"unknown schedule {self.schedule!r}: use one of {list(SCHEDULES)}")
+        if isinstance(self.k, Integral):
+            object.__setattr__(self, "k", int(self.k))                      # numpy's integers too
+        need(isinstance(self.k, int) or all(hasattr(self.k, a) for a in ("next", "update", "k_max")),
+             f"k must be a block length (an integer) or a block-length policy (lib/engine/blocks.py), got {self.k!r}")
         k = self.k if isinstance(self.k, int) else self.k.k_max
         need(k >= 1, f"block length k must be >= 1, got {k}")
         need(self.temperature >= 0, f"temperature must be > 0 for sampling (0 is greedy), got {self.temperature}")

@@ -62,9 +62,9 @@ def aggregate(df: pd.DataFrame, kernels: dict | None = None) -> pd.DataFrame:
            "launched_ahead", "appended_ahead", "initial_ms", "draft_ms", "verify_ms", "finalize_ms",
            "call_draft_body_ms", "call_draft_head_ms", "call_draft_block_ms", "call_target_ms", "model_call_ms",
            "transfer_ms"]].sum()
-    blocks = g.block_lengths.agg(lambda b: sum(map(sum, b)) / max(sum(map(len, b)), 1))
     out = pd.DataFrame({
-        "mean_block": blocks,
+        "mean_block": (s.proposed / s.rounds).where(s.rounds > 0, 0.0),   # the block lengths' mean (runs made
+                                                                          # before block policies recorded none)
         "draft": parts.draft, "schedule": parts.schedule, "k_policy": parts.k_policy,
         "samples": g.size(),
         "decoded": g.rounds.agg(lambda r: int((r > 0).sum())),             # generations past their first token
@@ -141,9 +141,15 @@ def identities(df: pd.DataFrame) -> pd.DataFrame:
 def overlap(agg: pd.DataFrame) -> pd.DataFrame:
     """Pipelined vs serial ordinary, per draft: the decode time the overlapped target append saved, and
     the most it could save, min(sum of finalize, sum of draft proposal) of the serial run (a round
-    costs at least max(finalize, prepare)), each per round."""
-    piped = agg[agg.schedule == PIPELINED].set_index("draft")
-    serial = agg[agg.schedule == ORDINARY].set_index("draft").loc[piped.index]
+    costs at least max(finalize, prepare)), each per round. One row per draft and block policy (named after the
+    draft, '<draft>_<policy>' for an adaptive one) that ran both schedules."""
+    def by_draft(schedule: str) -> pd.DataFrame:
+        rows = agg[agg.schedule == schedule]
+        name = [d if k == modes.FIXED else f"{d}_{k}" for d, k in zip(rows.draft, rows.k_policy)]
+        return rows.set_index(pd.Index(name, name="draft"))
+    piped, serial = by_draft(PIPELINED), by_draft(ORDINARY)
+    piped = piped[piped.index.isin(serial.index)]
+    serial = serial.loc[piped.index]
     bound = np.minimum(serial.finalize_ms, serial.draft_ms)
     out = pd.DataFrame({"serial ms/round": serial.ms_per_round, "pipelined ms/round": piped.ms_per_round,
                         "finalize ms/round": serial.finalize_ms / serial.rounds,

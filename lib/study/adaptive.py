@@ -168,14 +168,17 @@ def study_rows(stats: dict, reg: dict, k_policies: dict | None = None) -> list[d
 
 def e2e_rows(records: list[dict], source: str) -> list[dict]:
     """From an end-to-end run: each adaptive-K policy against the same draft at fixed K, and each adaptive draft
-    against the best fixed-K plain draft of its schedule (mean K, mean probes or choice frequencies beside)."""
+    against the best fixed-K plain draft of its schedule on its body (not the full-depth control flash_full; mean K,
+    mean probes or choice frequencies beside)."""
     by_mode = {}
     for r in records:
         if r["draft"] != modes.BASELINE:
             by_mode.setdefault(r["mode"], []).append(r)
     stats = {m: record_stats(rs) for m, rs in by_mode.items()}
     first = {m: rs[0] for m, rs in by_mode.items()}
-    plain_fixed = [m for m, r in first.items() if r["k_policy"] == modes.FIXED and r["draft"] not in modes.ADAPTIVE_DRAFTS]
+    # the fixed drafts an adaptive one could be: not flash_full, the full-depth target as a fidelity control
+    plain_fixed = [m for m, r in first.items() if r["k_policy"] == modes.FIXED
+                   and r["draft"] not in (*modes.ADAPTIVE_DRAFTS, modes.FLASH_FULL)]
     rows = []
     for m, r in first.items():
         if r["k_policy"] != modes.FIXED:

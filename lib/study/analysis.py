@@ -20,13 +20,14 @@ from ..costmodel import (context_projection, head_ratios, model_check, phase_che
 from ..report.context import context_plot  # noqa: F401
 from ..report.figures import (adaptive_plots, block_length_plot, divergence_gap_plot, figures,  # noqa: F401
                               head_effect_plot, policy_rounds_plot, projection_heatmap)
-from ..report.summary_json import (acceptance_note, closing_checks, extra_summary, run_source, summary,  # noqa: F401
-                                   write_summary)
+from ..report.summary_json import acceptance_note, closing_checks, run_source, summary, write_summary  # noqa: F401
+from ..report import summary_json
 from ..report.tables import (acceptance_by_group, adaptive_tables, block_policies, call_counts,  # noqa: F401
                              divergence_points, identities, overlap)
 from ..report.micro import head_memory_table  # noqa: F401
 from ..report.thesis import e2e_tables, micro_tables, save_tables, side_by_side, thesis_consistency  # noqa: F401
 from ..results import latest_run  # noqa: F401
+from .adaptive import e2e_rows
 from .common import setup  # noqa: F401
 
 
@@ -49,9 +50,25 @@ def sampling_against_greedy(profile: Profile, agg: pd.DataFrame) -> pd.DataFrame
     return None if data is None else sampling_report.against_greedy(data, agg)
 
 
-def adaptive_results(profile: Profile) -> dict | None:
-    """adaptive.json (notebook 03's adaptive probes and bandit drafters), or None without the study."""
-    return optional_json(profile, "adaptive.json")
+def adaptive_results(profile: Profile, run: Path) -> dict | None:
+    """adaptive.json (notebook 03's adaptive probes and bandit drafters), or None without the study; its end-to-end
+    rows (each adaptive policy against its best fixed setting) are the analysed run's, made here: the file holds those
+    of the run that was newest when notebook 03 ran."""
+    ad = optional_json(profile, "adaptive.json")
+    if ad is None:
+        return None
+    side = [r for r in ad["policies"] if not str(r.get("source", "")).startswith("e2e run")]
+    return {**ad, "e2e_run": Path(run).name, "policies": side + e2e_rows(read_records(run), f"e2e run {Path(run).name}")}
+
+
+def extra_summary(profile: Profile, run: Path) -> dict:
+    """summary.json's profile-specific sections (report.summary_json.extra_summary), the adaptive one with the
+    analysed run's end-to-end rows (adaptive_results)."""
+    out = summary_json.extra_summary(profile)
+    if "adaptive" in out:
+        ad = adaptive_results(profile, run)
+        out["adaptive"].update(e2e_run=ad["e2e_run"], policies=ad["policies"])
+    return out
 
 
 def divergences(profile: Profile, df: pd.DataFrame) -> pd.DataFrame:

@@ -33,7 +33,11 @@ def setup(profile_name: str, analysis_only: bool = False) -> Profile:
 def prompt_set(profile: Profile) -> list[prompt_lib.Prompt]:
     p = profile.prompts
     path, _ = prompt_lib.profile_prompt_file(p.file)
-    return prompt_lib.select(prompt_lib.load_questions(path), p.per_group, limit=p.limit)
+    chosen = prompt_lib.select(prompt_lib.load_questions(path), p.per_group, limit=p.limit)
+    if not chosen:                    # every step needs one (a run of no sample would be finished, and analysed)
+        raise ValueError(f"{profile.name}: no prompt selected from {path} (prompts.per_group {p.per_group}, "
+                         f"prompts.limit {p.limit}); every step runs on at least one")
+    return chosen
 
 
 def encoded_prompts(profile: Profile, tokenizer=None) -> list[tuple[prompt_lib.Prompt, list[int]]]:

@@ -135,12 +135,13 @@ def append_record(run: Path, record: dict, shard: tuple[int, int] = (0, 1)) -> N
 
 
 def merge_records(run: Path, records: list[dict]) -> None:
-    """Write the one results set samples.jsonl and drop the shard files it now holds."""
-    tmp = Path(run) / "samples.jsonl.tmp"
+    """Write the one results set samples.jsonl and drop the shard files it now holds (in that order: stopped
+    between the two, the run reads a record twice, which finish_run keeps once, never none)."""
+    tmp, shards = Path(run) / "samples.jsonl.tmp", list(Path(run).glob("samples.shard*.jsonl"))
     tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    for path in Path(run).glob("samples.shard*.jsonl"):
-        path.unlink()
     tmp.replace(Path(run) / "samples.jsonl")
+    for path in shards:
+        path.unlink()
 
 
 def finish_run(run: Path) -> list[dict]:
