@@ -311,3 +311,14 @@ def test_adaptive_probes_are_set_against_fixed_probes_at_fixed_k():
     by = {r["policy"]: r for r in rows}
     assert by["adaptive_t0.9"]["best_fixed"] == "flash_p16" and by["flash_p16_kcost"]["best_fixed"] == "flash_p16"
     assert by["flash_p16_kcost"]["tok_s_vs_best_fixed"] == pytest.approx(20 / 12)
+
+
+def test_regret_of_a_bandit_that_ran_no_round():
+    """Every generation ended at its first token (a stop token): the bandit chose no arm, and its regret is still
+    reported (no share of rounds on the best arm) instead of failing on a missing choice_freq."""
+    from lib.study.adaptive import regret
+    stats = {"dense": {"decode_tok_s": 10.0}, "flash_p4": {"decode_tok_s": 20.0}}
+    for b in (modes.BANDIT_UCB, modes.BANDIT_THOMPSON):
+        stats[b] = {"decode_tok_s": 10.0, "decode_ms": 100.0, "decode_tokens": 1}
+    r = regret(stats, ["dense", "flash_p4"])[modes.BANDIT_UCB]
+    assert r["best_arm"] == "flash_p4" and r["best_arm_share"] == 0.0 and r["regret_frac"] == pytest.approx(0.5)

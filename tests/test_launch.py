@@ -123,9 +123,10 @@ def test_fresh_starts_a_new_run_and_other_configurations_do_not_resume(profile):
 def test_a_run_finished_at_this_clean_commit_is_reused_not_measured_again(profile, monkeypatch, capsys):
     monkeypatch.setenv("STUDY_COMMIT", "abc123")
     run = speculative.run_speculative(profile)
-    samples, done = results.read_records(run), (run / "DONE").read_text()
+    samples, done, cfg = results.read_records(run), (run / "DONE").read_text(), (run / "config.json").read_text()
     assert speculative.run_speculative(profile) == run and f"reusing finished run {run.name}" in capsys.readouterr().out
     assert results.read_records(run) == samples and (run / "DONE").read_text() == done
+    assert (run / "config.json").read_text() == cfg                           # a finished run is never written to
     monkeypatch.setenv("STUDY_COMMIT", "abc123+dirty")                        # uncommitted code: measured anew
     assert speculative.run_speculative(profile) != run
     monkeypatch.setenv("STUDY_COMMIT", "def456")                              # another commit: measured anew

@@ -139,7 +139,7 @@ def regret(stats: dict, arms: list[str]) -> dict:
         s = stats[b]
         out[b] = {"best_arm": best, "regret_ms": s["decode_ms"] - s["decode_tokens"] / rate,
                   "regret_frac": 1 - s["decode_tok_s"] / stats[best]["decode_tok_s"],
-                  "best_arm_share": s["choice_freq"].get(best, 0.0)}
+                  "best_arm_share": s.get("choice_freq", {}).get(best, 0.0)}    # none: it ran no round
     return out
 
 

@@ -117,6 +117,8 @@ def start_or_resume(profile: Profile, config: dict, fresh: bool = False) -> tupl
     """(run directory, resumed?): the latest unfinished run of the same configuration (or one finished at
     this commit) unless fresh."""
     run = None if fresh else resumable_run(profile.out_dir, json.loads(json.dumps(config, default=str)))
+    if run is not None and finished(run):                              # reused as it is: a finished run is never written
+        return run, True
     if run is not None:                                                # the run records each time it is resumed
         cfg = json.loads((run / "config.json").read_text())
         cfg.setdefault("resumed", []).append({"at": now(), "commit": git_commit(), "samples": len(read_records(run))})
