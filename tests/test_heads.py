@@ -340,3 +340,26 @@ def test_batched_checks_its_triton_kernel_on_first_use(parts, hidden, monkeypatc
 def test_batched_on_a_cpu_is_union_select(parts, hidden):
     head = flash(parts, 3)
     assert head.batched_ran == "torch" and torch.equal(head.batched(hidden[:9]), head.union_select(hidden[:9]))
+
+
+@pytest.mark.parametrize("probes", [2, 8])
+def test_an_exact_tie_goes_to_the_smallest_id_as_in_the_dense_head(probes):
+    # Tokens with equal logits (duplicate embedding rows: untrained tokens of real vocabularies; in bf16 also
+    # near-ties rounded together): the dense head takes the smallest id, and so must FlashHead once both are
+    # candidates (every cluster probed: it is the dense head), whichever of their clusters it scores first.
+    g = torch.Generator().manual_seed(0)
+    c, b, d = 8, 4, 6
+    W = torch.nn.functional.normalize(torch.randn(c * b, d, generator=g, dtype=torch.float64), dim=1)
+    cents = torch.randn(c, d, generator=g, dtype=torch.float64)
+    best = torch.nn.functional.normalize(torch.randn(d, generator=g, dtype=torch.float64), dim=0)
+    h = 5 * best[None]
+    top = (h @ cents.T).topk(probes).indices[0].tolist()                    # both copies' clusters are probed
+    assign = (torch.arange(c * b) + 1) % c
+    for first, second in ((top[0], top[1]), (top[1], top[0])):              # either cluster holds the smaller id
+        lo, hi = (assign == first).nonzero()[0].item(), (assign == second).nonzero()[-1].item()
+        V = W.clone()
+        V[lo], V[hi] = best, best                                           # the best token twice: ids lo and hi
+        want = DenseHead(V)(h).item()
+        assert want == min(lo, hi)
+        head = FlashHead(V, cents, assign, probes)
+        assert head(h).item() == head.union_select(h).item() == want, (first, second)

@@ -113,8 +113,8 @@ class FlashHead:
         return self.reference(h)
 
     def reference(self, h: torch.Tensor) -> torch.Tensor:
-        """The same selection in plain torch ops (any device, any batch)."""
-        cand = self.candidates(h)                                               # (n,m)
+        """The same selection in plain torch ops (any device, any batch); ties to the smallest id, as the dense head."""
+        cand = self.candidates(h).sort(dim=1).values                            # (n,m); argmax ties: the smallest id
         logits = torch.einsum("nmd,nd->nm", self.weight[cand], h)              # (n,m)
         return cand.gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
 
