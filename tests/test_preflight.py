@@ -92,3 +92,19 @@ def test_a_wrong_commit_claim_stops_before_any_work(monkeypatch):
     monkeypatch.setattr(results, "tree_matches", lambda commit, paths=results.CODE: False)
     with pytest.raises(preflight.PreflightError, match="lib/ or notebooks/ differ from that commit's"):
         preflight.check_commit_claim()
+
+
+def test_the_models_bytes_are_asked_of_the_models_disk_not_of_the_outputs_one(monkeypatch, tmp_path):
+    """The checkpoints go under models/ ($STUDY_MODELS), the results under outputs/ ($STUDY_OUTPUTS): on two disks
+    the outputs' one needs room for the results alone, and the models' one for the checkpoints."""
+    models, outputs = tmp_path / "models", tmp_path / "outputs"
+    monkeypatch.setenv("STUDY_MODELS", str(models))
+    monkeypatch.setenv("STUDY_OUTPUTS", str(outputs))
+    p = load_profile("h100")
+    assert preflight.disk_needed(p) > 2 * 2**30                              # two 0.6B-shaped bf16 copies at least
+    free = {models: 100 * 2**30, outputs: 2**30}                               # 100 GiB for models, 1 GiB for results
+    monkeypatch.setattr(preflight, "free_bytes", lambda path: free[path])
+    preflight.check_disk(p)
+    free[models] = 2**30
+    with pytest.raises(preflight.PreflightError, match=r"needs about .* GiB free under .*models"):
+        preflight.check_disk(p)

@@ -82,8 +82,10 @@ def free_bytes(path: Path) -> int:
 
 
 def check_disk(profile: Profile) -> None:
-    need = int(disk_needed(profile) * HEADROOM) + 200 * 2**20
-    for root in {models_root(), outputs_root()}:
+    """Room for the checkpoints (and the results) under models/, for the results under outputs/."""
+    results = 200 * 2**20
+    models = int(disk_needed(profile) * HEADROOM) + results
+    for root, need in {outputs_root(): results, models_root(): models}.items():   # one root for both: models
         free = free_bytes(root)
         if free < need:
             raise PreflightError(f"{profile.name}: needs about {need / 2**30:.1f} GiB free under {root}, "
