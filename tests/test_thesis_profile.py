@@ -305,3 +305,16 @@ def test_notebook01_compares_with_the_shipped_clustering(profile, monkeypatch, t
     assert 0 < s["mean_cosine_shipped"] <= 1 and s["mean_cosine_ours"] == pytest.approx(res["mean_cosine"])
     assert 0 <= s["top1_containment_shipped"] <= 1 and s["top1_containment_ours"] == pytest.approx(res["top1_containment"])
     assert (tmp_path / "outputs" / p.name / "clustering.json").exists()
+
+
+def test_notebook_01_probes_as_the_checkpoint_says_where_the_profile_sets_no_probe_count(profile, tmp_path, monkeypatch):
+    """A pretrained profile may leave clustering.n_probes to the FlashHead checkpoint (the draft's head takes the
+    checkpoint's then): notebook 01's containment is at that count too, ours and the shipped clustering's."""
+    from lib.study import reclustering
+    monkeypatch.setenv("STUDY_OUTPUTS", str(tmp_path))
+    p = replace(profile, clustering=replace(profile.clustering, n_probes=None),
+                decode=replace(profile.decode, max_new_tokens=4), prompts=replace(profile.prompts, file="builtin", per_group=1))
+    res = reclustering.recluster(p, progress=False)
+    at = {r["n_probes"]: r["top1"] for r in res["probe_sweep"]}
+    assert res["n_probes"] == fx.N_PROBES and res["top1_containment"] == at[fx.N_PROBES]
+    assert res["shipped"]["top1_containment_ours"] == at[fx.N_PROBES]

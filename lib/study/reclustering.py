@@ -2,6 +2,8 @@
 clusters contain the dense head's choice (thesis 4.5)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .. import bench
@@ -28,6 +30,9 @@ def containment_sweep(H: torch.Tensor, W: torch.Tensor, cents: torch.Tensor, ass
 def recluster(profile: Profile, progress: bool = True) -> dict:
     """Equal-size and unconstrained spherical k-means of the draft's output embeddings; writes the
     FlashHead checkpoint for synthetic profiles. Returns the numbers notebook 01 shows."""
+    if profile.clustering.n_probes is None:                                  # pretrained: the checkpoint's own, as
+        n = flash_checkpoint.read_flash_checkpoint(profile.flash_dir)[0]["n_probes"]   # its draft's head takes
+        profile = replace(profile, clustering=replace(profile.clustering, n_probes=n))
     c = profile.clustering
     draft = checkpoints.load_draft(profile)
     tok = checkpoints.load_tokenizer(profile)
