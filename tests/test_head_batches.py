@@ -55,3 +55,17 @@ def test_the_table_and_figure_show_every_batch_size(study):
     labels = lambda d: [line.get_label() for line in microbench.head_batch_plot(d).axes[1].get_lines()]
     assert data["flash_path"] == "torch" and "FlashHead (union GEMM)" in labels(data)          # a CPU
     assert "FlashHead (batched Triton kernel)" in labels({**data, "flash_path": "triton"})
+
+
+def test_a_study_whose_batch_sizes_are_all_past_the_states_shows_an_empty_table(tmp_path, monkeypatch):
+    """bench.head_batches may all exceed the states (one short prompt, say): every size is skipped and said, and the
+    notebook's table and figure show that, instead of stopping on a KeyError."""
+    monkeypatch.setenv("STUDY_OUTPUTS", str(tmp_path))
+    p = load_profile("smoke")
+    p = replace(p, decode=replace(p.decode, max_new_tokens=4), prompts=replace(p.prompts, limit=1),
+                bench=replace(p.bench, warmup=1, iters=10, head_batches=[10 ** 6]))
+    data = microbench.head_batch_study(p, microbench.step_drafts(p)[0])
+    assert data["rows"] == [] and data["skipped"] == [10 ** 6]
+    table = microbench.head_batch_table(data)
+    assert table.empty and table.index.name == "batch"
+    assert microbench.head_batch_plot(data) is None

@@ -157,7 +157,10 @@ def probe_sweep_plot(micro: dict):
 def head_batch_plot(batches: dict):
     """Notebook 02's batch study (head_batches.json). Left: the share of FlashHead's clusters that B rows probe
     together (mean, 5-95 % band) beside independent uniform probes; right: both heads' batched times against B, with
-    FlashHead's time were it as fast as the dense head a byte (dense time / bytes ratio: a bound, dotted)."""
+    FlashHead's time were it as fast as the dense head a byte (dense time / bytes ratio: a bound, dotted). None where
+    every batch size was skipped (more than the states)."""
+    if not batches["rows"]:
+        return None
     t = pd.DataFrame(batches["rows"]).set_index("batch")
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3))
     a.fill_between(t.index, t["union_share_p5"], t["union_share_p95"], alpha=0.25, color="C1")

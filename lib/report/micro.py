@@ -124,7 +124,10 @@ def head_batch_table(batches: dict) -> pd.DataFrame:
     """head_batches.json by batch size: the share of FlashHead's clusters a batch's rows probe together (mean over
     random batches, its 5-95 % range, and the share independent uniform probes would give), both heads' batched
     times (mean, p50), FlashHead's speedup, and the bytes ratio that bounds it where both heads read at the same
-    bandwidth; on a GPU each head's floor (its bytes at the measured copy bandwidth)."""
+    bandwidth; on a GPU each head's floor (its bytes at the measured copy bandwidth). Empty where every batch size
+    was skipped (more than the states)."""
+    if not batches["rows"]:
+        return pd.DataFrame(index=pd.Index([], name="batch"))
     return pd.DataFrame([{"batch": r["batch"], "union share": r["union_share"],
                           "union share p5-p95": f"{r['union_share_p5']:.3f}-{r['union_share_p95']:.3f}",
                           "uniform probes": r["uniform_share"], "dense mean ms": r["dense"]["mean_ms"],
