@@ -180,6 +180,14 @@ def test_notebook_02s_breakdown_can_run_again_over_its_own_file(profile):
     assert set(results.read_json(profile, "step_breakdown.json")) == {"draft_dense", "draft_flash", "written"}
 
 
+def test_the_target_step_is_timed_whatever_verify_lengths_holds(profile):
+    """bench.verify_lengths names the verify calls to time; the single-token step (target_step.json's own number,
+    the baseline's and every append's cost) is timed beside them even where the list leaves 1 out."""
+    p = replace(profile, bench=replace(profile.bench, verify_lengths=[2, 4, 7], warmup=1, iters=10))
+    ts = microbench.target_step_bench(p)
+    assert sorted(ts["verify_ms"], key=int) == ["1", "2", "4", "7"] and ts["fp32_ms"] == ts["single"]["mean_ms"] > 0
+
+
 class _Step:                                                                    # a fused step's stand-in
     def __init__(self, runner):
         self.runner = runner

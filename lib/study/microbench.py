@@ -189,12 +189,13 @@ def w4a16_tiles(projection) -> dict | None:
 
 
 def target_step_bench(profile: Profile, target_model=None) -> dict:
-    """Target latency: one single-token step, and verify calls of each block length (graph replays)."""
+    """Target latency: one single-token step, and verify calls of each block length (graph replays); the single step
+    is timed whether or not bench.verify_lengths lists 1."""
     b = profile.bench
     runner = engines.build_target(profile, target_model).runner
     dev = runner.device
     prompt = encoded_prompts(profile)[0][1]
-    raw = time_target_calls(profile, target_calls(runner, prompt, b.verify_lengths), dev)
+    raw = time_target_calls(profile, target_calls(runner, prompt, sorted({1, *b.verify_lengths})), dev)
     verify = {n: bench.stats(ms) for n, ms in raw.items()}
     quant = getattr(runner.model.config, "quantization_config", None)
     key = "awq_ms" if quant else {"bfloat16": "bf16_ms", "float16": "fp16_ms", "float32": "fp32_ms"}[profile.dtype]
