@@ -98,3 +98,15 @@ def test_bad_context_settings_stop_in_one_line(tmp_path, change, message):
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match=message):
         load_profile(str(path))
+
+
+def test_the_context_study_named_by_notebook_03s_parameter_needs_context_lengths_too():
+    """Notebook 03's side_studies="context" on a profile without bench.context_lengths (which the profile rules allow
+    where the profile's own side studies leave the context study out) stops in the rule's one line, before any work."""
+    from dataclasses import replace
+    from lib.study import common
+    p = load_profile("smoke")
+    p = replace(p, side_studies=[], bench=replace(p.bench, context_lengths=[]))
+    assert common.side_studies(p, "sampling") == ["sampling"]
+    with pytest.raises(ValueError, match="the context study needs bench.context_lengths"):
+        common.side_studies(p, "sampling,context")

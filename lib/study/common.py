@@ -59,6 +59,9 @@ def side_studies(profile: Profile, names: str = "") -> list[str]:
     unknown = sorted(set(chosen) - set(modes.SIDE_STUDIES))
     if unknown:
         raise ValueError(f"side_studies: unknown {unknown}; known: {list(modes.SIDE_STUDIES)}")
+    if "context" in chosen and not profile.bench.context_lengths:                # the profile rule, for `names` too
+        raise ValueError("side_studies: the context study needs bench.context_lengths (positions to time a round's "
+                         "calls at)")
     return chosen
 
 
