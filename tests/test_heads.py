@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from lib.engine.adaptive import AdaptiveFlashHead
 from lib.engine.heads import DenseHead, FlashHead
 
 from conftest import N_CLUSTERS, SPECIAL_IDS, VOCAB
@@ -363,3 +364,5 @@ def test_an_exact_tie_goes_to_the_smallest_id_as_in_the_dense_head(probes):
         assert want == min(lo, hi)
         head = FlashHead(V, cents, assign, probes)
         assert head(h).item() == head.union_select(h).item() == want, (first, second)
+        adaptive = AdaptiveFlashHead(head, 1.0, probes, probes)                   # probes as many clusters, masked
+        assert adaptive(h).item() == want, (first, second)

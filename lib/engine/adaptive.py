@@ -71,6 +71,8 @@ class AdaptiveFlashHead(FlashHead):
 
     def reference(self, h: torch.Tensor) -> torch.Tensor:
         cand, keep, p = self.scored(h)
+        cand, order = cand.sort(dim=1)                                      # argmax ties: the smallest id, as the dense head
+        keep = keep.gather(1, order)
         self.counts.index_add_(0, p, torch.ones_like(p))                   # on the device: no host sync
         logits = torch.einsum("nmd,nd->nm", self.weight[cand], h).masked_fill(~keep, float("-inf"))
         return cand.gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
