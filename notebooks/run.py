@@ -5,8 +5,9 @@
 1. Preflight (`python -m lib.study.preflight PROFILE`): on failure print its line and exit 2, touching nothing.
 2. Each notebooks/0*.ipynb in order, into $STUDY_OUTPUTS/PROFILE/ (default outputs/PROFILE/), skipped when up
    to date: its stamp .stamps/<name>.json records the sha256 of what it depends on (the profile file and the
-   profiles it extends, the notebook, every lib/ module, the earlier notebooks' stamps, so rerunning 01 makes
-   02-04 stale) and of what it wrote (the executed notebook and every result file it changed). Anything that
+   profiles it extends, the prompt file, the notebook, every lib/ module, the earlier notebooks' stamps, so
+   rerunning 01 makes 02-04 stale; 04_analysis also params/thesis_tables.yaml, the published numbers it sets ours
+   beside) and of what it wrote (the executed notebook and every result file it changed). Anything that
    differs re-runs it, and the terminal says why; --fresh runs everything and passes `fresh=True`.
 3. papermill executes into <name>.running.ipynb, which replaces <name>.ipynb only on success; a failure
    leaves the previous executed notebook alone, renames the staging file to <name>.failed.ipynb, prints
@@ -48,6 +49,7 @@ QUIET_ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFOR
              "KINETO_LOG_LEVEL": "6"}
 BOOKKEEPING = (".stamps", ".logs")                  # the driver's own files under outputs/PROFILE/, never results
 LIB_SOURCES = (".py", ".cu")                        # lib/'s code: Python, and the CUDA kernels it builds
+ANALYSIS = "04_analysis"                            # the report: the one notebook that reads report_inputs
 
 
 def outputs_root() -> Path:
@@ -89,7 +91,14 @@ def dependencies(root: Path, profile: str, notebook: Path, out: Path, earlier: l
             "notebook": sha256(notebook),
             "lib": {str(p.relative_to(root / "lib")): sha256(p) for p in sorted((root / "lib").rglob("*"))
                     if p.suffix in LIB_SOURCES},
-            "earlier_stamps": stamps}
+            "earlier_stamps": stamps, **({"report": report_inputs(root)} if notebook.stem == ANALYSIS else {})}
+
+
+def report_inputs(root: Path) -> dict:
+    """sha256 of what the analysis notebook reads besides results and code (None where missing): the thesis's
+    published tables (lib.config.thesis_numbers)."""
+    tables = root / "params" / "thesis_tables.yaml"
+    return {"params/thesis_tables.yaml": sha256(tables) if tables.is_file() else None}
 
 
 def prompt_file(files: list[Path]) -> Path:
@@ -130,6 +139,9 @@ def changed_dependency(old: dict, new: dict) -> str:
         before, after = old.get("lib") or {}, new["lib"]
         names = sorted(n for n in {*before, *after} if before.get(n) != after.get(n))
         return f"lib/{names[0]} changed" + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
+    if old.get("report") != new.get("report"):
+        before, after = old.get("report") or {}, new.get("report") or {}
+        return f"{min(n for n in {*before, *after} if before.get(n) != after.get(n))} changed"
     earlier = [n for n, h in new["earlier_stamps"].items() if (old.get("earlier_stamps") or {}).get(n) != h]
     return f"{earlier[0]} ran again since" if earlier else "its dependencies changed"
 

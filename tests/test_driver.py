@@ -282,3 +282,17 @@ def test_make_test_writes_results_and_models_to_scratch_only():
     assert "STUDY_OUTPUTS=$$scratch/" in scratch and "STUDY_MODELS=$$scratch/" in scratch
     recipe = makefile.split("\ntest: env\n")[1].split("\n\n")[0]
     assert recipe.count("$(SCRATCH_ENV) $(PY) -m pytest") == 2
+
+
+def test_the_thesis_tables_are_a_dependency_of_the_analysis_notebook(repo, capsys):
+    """Notebook 04 sets our tables beside params/thesis_tables.yaml's published numbers: a change to them is a
+    change to its results."""
+    notebook(repo / "notebooks" / "01_w.ipynb", "x = 1")
+    notebook(repo / "notebooks" / "04_analysis.ipynb", "x = 2")
+    tables = repo / "params" / "thesis_tables.yaml"
+    tables.write_text("table_4_5: {dense_ordinary: {acceptance: 0.5}}\n")
+    assert driver.run_all("p", "local", fresh=False, root=repo) == 0
+    capsys.readouterr()
+    tables.write_text("table_4_5: {dense_ordinary: {acceptance: 0.6}}\n")
+    assert rerun_lines(repo, capsys) == ["01_w: up to date, skipped",
+                                         "04_analysis: running (params/thesis_tables.yaml changed)"]
