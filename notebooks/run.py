@@ -6,9 +6,10 @@
 2. Each notebooks/0*.ipynb in order, into $STUDY_OUTPUTS/PROFILE/ (default outputs/PROFILE/), skipped when up
    to date: its stamp .stamps/<name>.json records the sha256 of what it depends on (the profile file and the
    profiles it extends, the prompt file, the notebook, every lib/ module, the earlier notebooks' stamps, so
-   rerunning 01 makes 02-04 stale; 04_analysis also params/thesis_tables.yaml, the published numbers it sets ours
-   beside) and of what it wrote (the executed notebook and every result file it changed). Anything that
-   differs re-runs it, and the terminal says why; --fresh runs everything and passes `fresh=True`.
+   rerunning 01 makes 02-04 stale; 04_analysis also params/thesis_tables.yaml and the summary.json of each profile
+   under compare_with, which it sets ours beside) and of what it wrote (the executed notebook and every result
+   file it changed). Anything that differs re-runs it, and the terminal says why; --fresh runs everything and
+   passes `fresh=True`.
 3. papermill executes into <name>.running.ipynb, which replaces <name>.ipynb only on success; a failure
    leaves the previous executed notebook alone, renames the staging file to <name>.failed.ipynb, prints
    the error's `ename: evalue` and that path, and exits 1.
@@ -85,29 +86,42 @@ def dependencies(root: Path, profile: str, notebook: Path, out: Path, earlier: l
     """sha256 of everything a notebook's results depend on; an earlier notebook's stamp changes
     whenever it reruns, and a missing stamp is None."""
     stamps = {name: sha256(stamp_path(out, name)) if stamp_path(out, name).exists() else None for name in earlier}
-    prompts = prompt_file(profile_files(profile, root / "params"))
-    return {"profile": {p.name: sha256(p) for p in profile_files(profile, root / "params")},
+    files = profile_files(profile, root / "params")
+    prompts = prompt_file(files)
+    return {"profile": {p.name: sha256(p) for p in files},
             "prompts": {prompts.name: sha256(prompts) if prompts.is_file() else None},
             "notebook": sha256(notebook),
             "lib": {str(p.relative_to(root / "lib")): sha256(p) for p in sorted((root / "lib").rglob("*"))
                     if p.suffix in LIB_SOURCES},
-            "earlier_stamps": stamps, **({"report": report_inputs(root)} if notebook.stem == ANALYSIS else {})}
+            "earlier_stamps": stamps,
+            **({"report": report_inputs(root, files, out)} if notebook.stem == ANALYSIS else {})}
 
 
-def report_inputs(root: Path) -> dict:
-    """sha256 of what the analysis notebook reads besides results and code (None where missing): the thesis's
-    published tables (lib.config.thesis_numbers)."""
-    tables = root / "params" / "thesis_tables.yaml"
-    return {"params/thesis_tables.yaml": sha256(tables) if tables.is_file() else None}
+def report_inputs(root: Path, files: list[Path], out: Path) -> dict:
+    """sha256 of what the analysis notebook reads besides this profile's results and code (None where missing):
+    the thesis's published tables (lib.config.thesis_numbers) and the summary.json of each profile under
+    compare_with (beside this profile's outputs)."""
+    others = profile_data(files).get("compare_with")
+    paths = {"params/thesis_tables.yaml": root / "params" / "thesis_tables.yaml",
+             **{f"{o}/summary.json": out.parent / o / "summary.json"
+                for o in (others if isinstance(others, list) else []) if isinstance(o, str) and o != out.name}}
+    return {name: sha256(p) if p.is_file() else None for name, p in paths.items()}
 
 
-def prompt_file(files: list[Path]) -> Path:
-    """The question file a profile reads (its files merged as lib.config.load_profile merges them, else the
-    default); `auto` follows `make data`. A malformed profile reads the default here: preflight refuses it."""
+def profile_data(files: list[Path]) -> dict:
+    """The profile's files merged as lib.config.load_profile merges them (a malformed layer is skipped here:
+    preflight refuses it)."""
     data = {}
     for f in reversed(files):
         layer = read_yaml(f)
         data = merged(data, layer) if isinstance(layer, dict) else data
+    return data
+
+
+def prompt_file(files: list[Path]) -> Path:
+    """The question file a profile reads (its files merged, else the default); `auto` follows `make data`. A
+    malformed profile reads the default here: preflight refuses it."""
+    data = profile_data(files)
     given = (data.get("prompts") or {}).get("file") if isinstance(data.get("prompts"), dict) else None
     return profile_prompt_file(given if isinstance(given, str) else Prompts.file)[0]
 

@@ -296,3 +296,18 @@ def test_the_thesis_tables_are_a_dependency_of_the_analysis_notebook(repo, capsy
     tables.write_text("table_4_5: {dense_ordinary: {acceptance: 0.6}}\n")
     assert rerun_lines(repo, capsys) == ["01_w: up to date, skipped",
                                          "04_analysis: running (params/thesis_tables.yaml changed)"]
+
+
+def test_the_summaries_of_the_compared_profiles_are_a_dependency_of_the_analysis_notebook(repo, capsys):
+    """Notebook 04 sets the summary.json of each profile under compare_with beside this one's: a re-run of one of
+    them changes its results."""
+    (repo / "params" / "p.yaml").write_text("seed: 0\ncompare_with: [q]\n")
+    notebook(repo / "notebooks" / "01_w.ipynb", "x = 1")
+    notebook(repo / "notebooks" / "04_analysis.ipynb", "x = 2")
+    other = repo / "out" / "q" / "summary.json"
+    other.parent.mkdir(parents=True)
+    other.write_text('{"tok_s": 100}')
+    assert driver.run_all("p", "local", fresh=False, root=repo) == 0
+    capsys.readouterr()
+    other.write_text('{"tok_s": 120}')
+    assert rerun_lines(repo, capsys) == ["01_w: up to date, skipped", "04_analysis: running (q/summary.json changed)"]
