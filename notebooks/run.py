@@ -162,8 +162,8 @@ def changed_dependency(old: dict, new: dict) -> str:
 
 def stale_reason(out: Path, name: str, deps: dict, later: list[str] = ()) -> str:
     """Why the notebook must run again, or '' when its executed notebook and results are the ones its stamp
-    recorded and nothing it depends on changed. A result file that a later notebook rewrote (and stamped) is
-    that notebook's to check."""
+    recorded and nothing it depends on changed. A result file that a later notebook rewrote counts as current
+    while it is the one that notebook's stamp recorded (a later notebook may add only its part to the file)."""
     stamp = read_stamp(out, name)
     executed = out / f"{name}.ipynb"
     if stamp is None:
@@ -176,13 +176,11 @@ def stale_reason(out: Path, name: str, deps: dict, later: list[str] = ()) -> str
         return changed_dependency(stamp["dependencies"], deps)
     if stamp.get("executed_sha256") != sha256(executed):
         return f"{name}.ipynb is not the one its run wrote"
-    rewritten = {f for n in later for f in ((read_stamp(out, n) or {}).get("results") or {})}
+    rewritten = {f: h for n in later for f, h in ((read_stamp(out, n) or {}).get("results") or {}).items()}
     for f, h in (stamp.get("results") or {}).items():
-        if f in rewritten:
-            continue
         if not (out / f).exists():
             return f"{f} is missing"
-        if sha256(out / f) != h:
+        if sha256(out / f) not in (h, rewritten.get(f)):          # the last rewrite's stamp wins (later in order)
             return f"{f} is not the one its run wrote"
     return ""
 

@@ -1,6 +1,7 @@
 """The notebook driver behind `make reproduce` (notebooks/run.py) and notebooks/tidy.py, on tiny notebooks
 and a fake repository layout under tmp_path (a few seconds: each executed notebook starts a kernel)."""
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -178,8 +179,9 @@ def test_a_replaced_executed_notebook_or_a_missing_result_reruns(wrote, repo, ca
     (wrote / "02_w.ipynb").write_text("{}")
     assert rerun_lines(repo, capsys) == ["01_w: up to date, skipped",
                                          "02_w: running (02_w.ipynb is not the one its run wrote)"]
-    (wrote / "shared.json").unlink()                 # 02's now (it rewrote it): only 02 reruns
-    assert rerun_lines(repo, capsys) == ["01_w: up to date, skipped", "02_w: running (shared.json is missing)"]
+    (wrote / "shared.json").unlink()                 # 01's too (02 may have added only its part): both rerun
+    assert rerun_lines(repo, capsys) == ["01_w: running (shared.json is missing)",
+                                         "02_w: running (01_w ran again since)"]
 
 
 def test_a_lib_change_is_named(wrote, repo, capsys):
@@ -311,3 +313,23 @@ def test_the_summaries_of_the_compared_profiles_are_a_dependency_of_the_analysis
     capsys.readouterr()
     other.write_text('{"tok_s": 120}')
     assert rerun_lines(repo, capsys) == ["01_w: up to date, skipped", "04_analysis: running (q/summary.json changed)"]
+
+
+def test_a_changed_file_that_a_later_notebook_added_to_reruns_every_notebook_that_wrote_it(repo, capsys):
+    """02 adds its part to 01's shared.json (as notebook 03 adds the target's part to notebook 02's
+    step_breakdown.json): put back from another commit, 01's part is stale too, so 01 runs again, not only 02."""
+    merge = WRITES + "import json\nf = out / 'shared.json'\n"
+    notebook(repo / "notebooks" / "01_m.ipynb", merge + "f.write_text(json.dumps({'a': 'from 01'}))")
+    notebook(repo / "notebooks" / "02_m.ipynb",
+             merge + "f.write_text(json.dumps({**json.loads(f.read_text()), 'b': 2}))")
+    assert driver.run_all("p", "local", fresh=False, root=repo) == 0
+    capsys.readouterr()
+    out = repo / "out" / "p"
+    (out / "shared.json").write_text('{"a": "old", "b": "old"}')
+    assert rerun_lines(repo, capsys) == ["01_m: running (shared.json is not the one its run wrote)",
+                                         "02_m: running (01_m ran again since)"]
+    assert json.loads((out / "shared.json").read_text()) == {"a": "from 01", "b": 2}
+    (out / "shared.json").unlink()
+    assert rerun_lines(repo, capsys) == ["01_m: running (shared.json is missing)",
+                                         "02_m: running (01_m ran again since)"]
+    assert json.loads((out / "shared.json").read_text()) == {"a": "from 01", "b": 2}
