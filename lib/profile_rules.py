@@ -11,10 +11,12 @@ class ConfigError(ValueError):
 
 def synthetic(p, need) -> None:
     s = p.models.synthetic
-    need(s.n_families < s.draft.hidden_size, "models.synthetic.n_families must be below draft.hidden_size")
+    need(1 <= s.n_families < s.draft.hidden_size, "models.synthetic.n_families must be >= 1 and below draft.hidden_size")
+    need(-1 <= s.family_cos <= 1, f"models.synthetic.family_cos must be in [-1, 1] (a cosine), got {s.family_cos}")
     need(s.target.hidden_size >= s.draft.hidden_size, "models.synthetic: target.hidden_size must be >= draft.hidden_size")
     for nm, sh in (("target", s.target), ("draft", s.draft)):
         need(sh.intermediate_size >= 2 * sh.hidden_size, f"models.synthetic.{nm}.intermediate_size must be >= 2*hidden_size")
+        shape(sh, f"models.synthetic.{nm}", need)
     need(s.target_quant in ("", "awq"), f"models.synthetic.target_quant must be '' or awq, got {s.target_quant!r}")
     if s.target_quant == "awq":
         t = s.target
@@ -29,6 +31,15 @@ def synthetic(p, need) -> None:
              "num_key_value_heads*head_dim divisible by 8")
     need(p.clustering.n_clusters >= 1 and s.vocab_size % p.clustering.n_clusters == 0,
          f"clustering.n_clusters ({p.clustering.n_clusters}) must divide the vocabulary ({s.vocab_size})")
+
+
+def shape(sh, where: str, need) -> None:
+    """What a Qwen3 body needs to run: grouped-query heads, rotary embeddings over pairs, a layer."""
+    need(sh.num_hidden_layers >= 1, f"{where}.num_hidden_layers must be >= 1")
+    need(sh.num_key_value_heads >= 1 and sh.num_attention_heads % sh.num_key_value_heads == 0,
+         f"{where}.num_attention_heads ({sh.num_attention_heads}) must be a multiple of num_key_value_heads "
+         f"({sh.num_key_value_heads})")
+    need(sh.head_dim >= 2 and sh.head_dim % 2 == 0, f"{where}.head_dim must be even (rotary embeddings), got {sh.head_dim}")
 
 
 def sampling(s, need) -> None:

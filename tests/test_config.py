@@ -255,6 +255,21 @@ def test_invalid_values(tmp_path, smoke_data, mutate, word):
     assert word in load_error(tmp_path, data)
 
 
+@pytest.mark.parametrize("mutate,words", [
+    (lambda s: s["draft"].update(num_key_value_heads=3), "draft.num_attention_heads (4) must be a multiple of"),
+    (lambda s: s["target"].update(num_key_value_heads=8), "target.num_attention_heads (4) must be a multiple of"),
+    (lambda s: s["draft"].update(head_dim=15), "draft.head_dim must be even"),
+    (lambda s: s["target"].update(num_hidden_layers=0), "target.num_hidden_layers must be >= 1"),
+    (lambda s: s.update(n_families=0), "n_families must be >= 1"),
+    (lambda s: s.update(family_cos=1.5), "family_cos must be in [-1, 1]"),
+])
+def test_a_synthetic_pair_that_cannot_be_built_or_run_is_refused(tmp_path, smoke_data, mutate, words):
+    """Each of these was accepted, then failed in notebook 01 (building the pair: a math domain error, a
+    ZeroDivisionError; or its first forward pass: a tensor size mismatch in attention or rotary embeddings)."""
+    mutate(smoke_data["models"]["synthetic"])
+    assert f"models.synthetic.{words}" in load_error(tmp_path, smoke_data)
+
+
 def test_unknown_profile_lists_known_ones():
     with pytest.raises(ConfigError) as e:
         load_profile("no_such_profile_xyz")
