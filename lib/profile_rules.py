@@ -31,6 +31,8 @@ def synthetic(p, need) -> None:
              "num_key_value_heads*head_dim divisible by 8")
     need(p.clustering.n_clusters >= 1 and s.vocab_size % p.clustering.n_clusters == 0,
          f"clustering.n_clusters ({p.clustering.n_clusters}) must divide the vocabulary ({s.vocab_size})")
+    need(p.clustering.top_k <= s.vocab_size,
+         f"clustering.top_k ({p.clustering.top_k}) must be at most the vocabulary ({s.vocab_size})")
 
 
 def shape(sh, where: str, need) -> None:
@@ -93,6 +95,8 @@ def clustering(p, need) -> None:
          f"clustering.n_probes ({c.n_probes}) must be in 1..n_clusters ({c.n_clusters})")
     need(all(0 < q <= c.n_clusters for q in c.probe_sweep), "clustering.probe_sweep values must be in 1..n_clusters")
     need(c.iterations >= 1, "clustering.iterations must be >= 1")
+    need(c.candidates >= 1, f"clustering.candidates must be >= 1, got {c.candidates}")
+    need(c.top_k >= 1, f"clustering.top_k must be >= 1, got {c.top_k}")
     need(all(b >= 1 for b in c.size_sweep), f"clustering.size_sweep must be cluster sizes >= 1, got {c.size_sweep}")
 
 

@@ -270,6 +270,16 @@ def test_a_synthetic_pair_that_cannot_be_built_or_run_is_refused(tmp_path, smoke
     assert f"models.synthetic.{words}" in load_error(tmp_path, smoke_data)
 
 
+@pytest.mark.parametrize("key,value,words", [
+    ("top_k", 0, "clustering.top_k must be >= 1"),                 # containment: ZeroDivisionError
+    ("top_k", 5000, "clustering.top_k (5000) must be at most the vocabulary (4096)"),   # topk out of range
+    ("candidates", -1, "clustering.candidates must be >= 1"),      # balanced_assign: topk out of range
+])
+def test_clustering_settings_that_fail_in_notebook_01_are_refused(tmp_path, smoke_data, key, value, words):
+    smoke_data["clustering"][key] = value
+    assert words in load_error(tmp_path, smoke_data)
+
+
 def test_unknown_profile_lists_known_ones():
     with pytest.raises(ConfigError) as e:
         load_profile("no_such_profile_xyz")
