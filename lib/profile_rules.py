@@ -31,6 +31,8 @@ def synthetic(p, need) -> None:
              "num_key_value_heads*head_dim divisible by 8")
     need(p.clustering.n_clusters >= 1 and s.vocab_size % p.clustering.n_clusters == 0,
          f"clustering.n_clusters ({p.clustering.n_clusters}) must divide the vocabulary ({s.vocab_size})")
+    bad = [b for b in p.clustering.size_sweep if b >= 1 and s.vocab_size % b]   # known here: refused before notebook 01
+    need(not bad, f"clustering.size_sweep: {bad} do not divide the vocabulary ({s.vocab_size} tokens)")
     need(p.clustering.top_k <= s.vocab_size,
          f"clustering.top_k ({p.clustering.top_k}) must be at most the vocabulary ({s.vocab_size})")
 

@@ -280,6 +280,12 @@ def test_clustering_settings_that_fail_in_notebook_01_are_refused(tmp_path, smok
     assert words in load_error(tmp_path, smoke_data)
 
 
+def test_a_cluster_size_that_does_not_divide_a_synthetic_vocabulary_is_refused(tmp_path, smoke_data):
+    """Known when the profile loads (the synthetic vocabulary is in it), not after notebook 01's clustering."""
+    smoke_data["clustering"]["size_sweep"] = [8, 12, 16]       # 4096 % 12 != 0
+    assert "clustering.size_sweep: [12] do not divide the vocabulary (4096 tokens)" in load_error(tmp_path, smoke_data)
+
+
 def test_unknown_profile_lists_known_ones():
     with pytest.raises(ConfigError) as e:
         load_profile("no_such_profile_xyz")
