@@ -354,3 +354,29 @@ def test_read_centroids_not_a_matrix(flash_dir, draft_clustering):
     rewrite_assets(flash_dir, centroids=draft_clustering[1].reshape(N_CLUSTERS, 4, DRAFT_D // 4).float())
     with pytest.raises(ValueError, match="centroids"):
         read_flash_checkpoint(flash_dir)
+
+
+# the synthetic pair on disk
+
+def test_the_synthetic_pair_is_made_again_when_its_tokenizers_corpus_changes(syn, tmp_path, monkeypatch):
+    """The synthetic tokenizer is trained on the built-in prompts: with other prompts there, the saved pair (its
+    stamp) is not current, so every machine encodes prompts with the tokenizer the current corpus gives."""
+    from dataclasses import replace
+    from lib import prompts as prompt_lib
+    from lib.config import load_profile
+    from lib.models import checkpoints
+    monkeypatch.setenv("STUDY_MODELS", str(tmp_path / "models"))
+    p = load_profile("smoke")
+    p = replace(p, models=replace(p.models, synthetic=replace(syn, save_target=False)))
+    corpus = tmp_path / "prompts.jsonl"
+    monkeypatch.setattr(prompt_lib, "BUILTIN", corpus)
+    line = lambda i, text: json.dumps({"question_id": i, "category": "qa", "turns": [text]}) + "\n"
+    text = "the quick brown fox jumps over the lazy dog " * 4
+    corpus.write_text(line(1, "aaaa aaaa aaaa"))
+    root = checkpoints.ensure_synthetic(p)
+    corpus.write_text(line(1, text))
+    assert not checkpoints.synthetic_current(p)
+    checkpoints.ensure_synthetic(p)
+    encode = lambda tok: tok("quick fox")["input_ids"]
+    assert encode(checkpoints.load_tokenizer(p)) == encode(checkpoints.make_tokenizer(syn.vocab_size, [text]))
+    assert (root / "draft" / "model.safetensors").is_file()

@@ -24,7 +24,10 @@ from .synthetic import make_pair, make_tokenizer
 # ---------------------------------------------------------------- synthetic pair on disk
 
 def synthetic_stamp(profile: Profile) -> dict:
-    return {"seed": profile.seed, "dtype": profile.dtype, "synthetic": as_dict(profile)["models"]["synthetic"]}
+    """What the synthetic pair is made from: the seed, dtype and shapes, and the built-in prompts its tokenizer is
+    trained on."""
+    return {"seed": profile.seed, "dtype": profile.dtype, "synthetic": as_dict(profile)["models"]["synthetic"],
+            "corpus_sha256": sha256_of(prompt_lib.BUILTIN)}
 
 
 def synthetic_current(profile: Profile) -> bool:
