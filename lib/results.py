@@ -11,18 +11,26 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .config import ROOT, Profile
+from .config import ROOT, Profile, as_dict
 from .progress import note
 
 
 def save_json(profile: Profile, name: str, data: dict) -> Path:
-    """Write a result file, stamped with the commit whose code wrote it and when (`written`)."""
+    """Write a result file, stamped with the commit whose code wrote it, when, and the digest of the profile
+    it ran (`written`)."""
     if not isinstance(data, dict):
         raise TypeError(f"{name}: a result file holds a JSON object (dict), got {type(data).__name__}")
     path = profile.out_dir / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**data, "written": written()}, indent=1, default=float))
+    stamp = {**written(), "profile": profile_digest(profile)}
+    path.write_text(json.dumps({**data, "written": stamp}, indent=1, default=float))
     return path
+
+
+def profile_digest(profile: Profile) -> str:
+    """sha256 of the whole run configuration: a kept result must come from the same settings, which neither a
+    clean commit (a profile of one's own is untracked) nor a STUDY_COMMIT claim (lib/ and notebooks/) covers."""
+    return hashlib.sha256(json.dumps(as_dict(profile), sort_keys=True, default=str).encode()).hexdigest()
 
 
 def written() -> dict:
@@ -37,13 +45,14 @@ def read_json(profile: Profile, name: str) -> dict:
 
 
 def kept_json(profile: Profile, name: str) -> dict | None:
-    """The result file `name` if this very commit (a clean checkout) wrote it, else None (measure it): notebook
-    03 run again with keep=True (the next device call, say) keeps the side studies this code has measured."""
+    """The result file `name` if this very commit (a clean checkout) wrote it for this very profile, else None
+    (measure it): notebook 03 run again with keep=True (the next device call, say) keeps the side studies this
+    code has measured with these settings."""
     path, commit = profile.out_dir / name, clean_commit()
     if commit is None or not path.exists():
         return None
     data = json.loads(path.read_text())
-    if data.get("written", {}).get("commit") != commit:
+    if data.get("written", {}).get("commit") != commit or data["written"].get("profile") != profile_digest(profile):
         return None
     note(f"kept {name}: written by this commit at {data['written']['at']}")
     return data

@@ -238,6 +238,15 @@ def test_side_study_results_are_kept_only_when_this_clean_commit_wrote_them(prof
     assert results.kept_json(profile, "sampling.json") is None
 
 
+def test_side_study_results_are_kept_only_for_the_profile_that_wrote_them(profile):
+    """The same clean commit with other settings (a profile of one's own, untracked; or edited under a
+    STUDY_COMMIT claim, which covers lib/ and notebooks/ only) measures again."""
+    results.save_json(profile, "sampling.json", {"temperatures": [0.5, 1.0]})
+    assert results.kept_json(profile, "sampling.json")["temperatures"] == [0.5, 1.0]
+    hotter = replace(profile, sampling=replace(profile.sampling, temperatures=[2.0]))
+    assert results.kept_json(hotter, "sampling.json") is None
+
+
 def test_modes_leaving_the_baseline_at_one_point_share_one_gap_measurement(profile, monkeypatch):
     from lib.models import checkpoints
     recs = results.read_records(speculative.run_speculative(profile))
