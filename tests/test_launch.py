@@ -288,6 +288,19 @@ def test_a_missing_flash_checkpoint_is_rebuilt_without_redoing_notebook_01(profi
     assert read_flash_checkpoint(fewer.flash_dir)[1].shape[0] == fewer.clustering.n_clusters
 
 
+def test_a_flash_checkpoint_of_other_clustering_settings_is_made_again(profile, monkeypatch, tmp_path):
+    """Notebook 01 not run again after the k-means settings changed (a device call running notebook 03 alone, say):
+    the checkpoint of the old settings is not this profile's clustering, whatever its number of clusters."""
+    from lib.models.flash_checkpoint import read_flash_checkpoint
+    monkeypatch.setenv("STUDY_MODELS", str(tmp_path / "models"))
+    flash_checkpoint.ensure_flash_checkpoint(profile)
+    other = replace(profile, clustering=replace(profile.clustering, iterations=2, candidates=4))
+    flash_checkpoint.ensure_flash_checkpoint(other)
+    draft = flash_checkpoint.checkpoints.load_draft(other)
+    want, _, _ = flash_checkpoint.equal_size_clusters(other, draft.get_output_embeddings().weight.detach().float())
+    assert torch.equal(read_flash_checkpoint(other.flash_dir)[2], want)
+
+
 # resuming never mixes code versions; a commit claim is checked against the tree
 
 def interrupted_run(profile, monkeypatch):

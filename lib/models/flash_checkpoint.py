@@ -35,10 +35,15 @@ def save_flash_checkpoint(draft_dir: str | Path, out_dir: str | Path, centroids:
     """Write a FlashHead model directory: the draft's files, flash keys in config.json, clustering assets. It is
     written beside out_dir and renamed into place whole, so that processes making the same one at once (Slurm
     shards) never read or write a half-made one; replace=False keeps one that is already there."""
-    out = Path(out_dir)
+    return _placed(Path(out_dir), lambda tmp: _write_flash_dir(Path(draft_dir), tmp, centroids, assignments,
+                                                               n_probes, special_ids), replace)
+
+
+def _placed(out: Path, write, replace: bool) -> Path:
+    """`write` (a function of a directory) run on a directory beside `out`, then renamed into place whole."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    _write_flash_dir(Path(draft_dir), tmp, centroids, assignments, n_probes, special_ids)
+    write(tmp)
     if replace and out.exists():
         shutil.rmtree(out)
     try:
@@ -189,20 +194,37 @@ def equal_size_clusters(profile: Profile, x: torch.Tensor, progress: bool = Fals
 
 def write_flash_checkpoint(profile: Profile, tok, assign: torch.Tensor, cents: torch.Tensor,
                            replace: bool = True) -> Path:
-    """Our clustering of the profile's draft as a FlashHead checkpoint in profile.flash_dir."""
-    return save_flash_checkpoint(checkpoints.model_path(profile, "draft"), profile.flash_dir, cents, assign,
-                                 profile.clustering.n_probes, special_token_ids(tok), replace=replace)
+    """Our clustering of the profile's draft as a FlashHead checkpoint in profile.flash_dir, with the settings it
+    was made with (clustering_settings) beside its assets."""
+    def write(tmp: Path) -> None:
+        _write_flash_dir(Path(checkpoints.model_path(profile, "draft")), tmp, cents, assign,
+                         profile.clustering.n_probes, special_token_ids(tok))
+        (tmp / MADE_WITH).write_text(json.dumps(clustering_settings(profile)))     # inside: placed with it, whole
+    return _placed(profile.flash_dir, write, replace)
+
+
+MADE_WITH = "flash_head_assets/made_with.json"       # our checkpoints: the settings of the clustering in them
+
+
+def clustering_settings(profile: Profile) -> dict:
+    """What our equal-size clustering of the draft depends on besides the draft's weights."""
+    c = profile.clustering
+    return {"seed": profile.seed, "dtype": profile.dtype, "n_clusters": c.n_clusters, "iterations": c.iterations,
+            "candidates": c.candidates}
 
 
 def ensure_flash_checkpoint(profile: Profile) -> Path:
     """The FlashHead draft checkpoint, made by the same seeded equal-size clustering as notebook 01's if it is
-    missing (a fresh machine, say) or of another number of clusters; notebook 01's measurements (clustering.json)
-    are neither redone nor rewritten."""
+    missing (a fresh machine, say) or made with other settings (clustering_settings: a number of clusters, k-means
+    settings, seed or dtype; unrecorded, by older code); notebook 01's measurements (clustering.json) are neither
+    redone nor rewritten."""
     if profile.models.source == "pretrained":
         return profile.flash_dir
     checkpoints.model_path(profile, "draft")              # the base model first: one made again drops its FlashHead
     made = _clusters_made(profile)
-    if made == profile.clustering.n_clusters:
+    record = profile.flash_dir / MADE_WITH
+    if made == profile.clustering.n_clusters and record.is_file() and \
+            json.loads(record.read_text()) == clustering_settings(profile):
         return profile.flash_dir
     draft = checkpoints.load_draft(profile)
     assign, cents, _ = equal_size_clusters(profile, draft.get_output_embeddings().weight.detach().float())
