@@ -295,8 +295,8 @@ def profile_files(name_or_path: str, params: Path = PARAMS, seen: tuple[Path, ..
     base = data.get("extends") if isinstance(data, dict) else None
     if base is None:
         return [path]
-    if not isinstance(base, str):
-        raise ConfigError(f"{path.name}: extends: expected a profile name, got {base!r}")
+    if not isinstance(base, str) or Path(base).name != base or Path(base).suffix:   # a path would follow the cwd
+        raise ConfigError(f"{path.name}: extends: expected a profile name (params/<name>.yaml), got {base!r}")
     if path in seen:
         raise ConfigError(f"{seen[0].name}: extends: the chain leads back to {path.name}")
     return [path, *profile_files(base, params, (*seen, path))]

@@ -319,6 +319,15 @@ def test_extends_an_unknown_profile_or_a_cycle_is_refused(tmp_path):
         profile_files("a", tmp_path)
 
 
+@pytest.mark.parametrize("base", ["params/smoke.yaml", "smoke.yaml"])
+def test_extends_takes_a_profile_name_not_a_path(tmp_path, monkeypatch, base):
+    """A path was read from the working directory: a profile that loaded in preflight (run from the repository)
+    failed in the notebooks (run in notebooks/)."""
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ConfigError, match=f"{FILE}: extends: expected a profile name"):
+        load_profile(str(write(tmp_path, {"extends": base, "seed": 1})))
+
+
 def test_extended_profile_still_validates_the_merged_result(tmp_path):
     msg = load_error(tmp_path, {"extends": "smoke", "decode": {"k": 0}})
     assert "decode.k must be >= 1" in msg
