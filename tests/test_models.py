@@ -380,3 +380,17 @@ def test_the_synthetic_pair_is_made_again_when_its_tokenizers_corpus_changes(syn
     encode = lambda tok: tok("quick fox")["input_ids"]
     assert encode(checkpoints.load_tokenizer(p)) == encode(checkpoints.make_tokenizer(syn.vocab_size, [text]))
     assert (root / "draft" / "model.safetensors").is_file()
+
+
+def test_a_relative_model_directory_is_the_repositorys_whatever_the_working_directory(pair, tmp_path, monkeypatch):
+    """models.* given as local directories relative to the repository: preflight (run in the repository) found
+    them, then the notebooks (run in notebooks/) did not."""
+    import os
+    from lib.config import ROOT
+    from lib.models.checkpoints import is_available
+    pair[1].save_pretrained(tmp_path / "draft")
+    name = os.path.relpath(tmp_path / "draft", ROOT)
+    for cwd in (ROOT, ROOT / "notebooks"):
+        monkeypatch.chdir(cwd)
+        assert is_available(name)
+        assert torch.equal(hf_logits(load_model(name, "float32", "cpu"), ids_of(5, 1)), hf_logits(pair[1], ids_of(5, 1)))

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .. import prompts as prompt_lib
 from . import quantize
-from ..config import Profile, as_dict
+from ..config import ROOT, Profile, as_dict
 from .synthetic import make_pair, make_tokenizer
 
 # ---------------------------------------------------------------- synthetic pair on disk
@@ -93,15 +93,21 @@ def hub_cache_dir() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
+def local_path(name: str | Path) -> Path:
+    """A local model path as a profile gives it: ~ expanded, relative to the repository (as prompts.file is), not
+    to the working directory (preflight runs in the repository, the notebooks in notebooks/)."""
+    return ROOT / Path(name).expanduser()
+
+
 def looks_like_path(name: str) -> bool:
-    return name.startswith(("/", ".", "~")) or Path(name).expanduser().exists() or name.count("/") > 1
+    return name.startswith(("/", ".", "~")) or local_path(name).exists() or name.count("/") > 1
 
 
 def resolve_model_dir(name: str | Path) -> Path:
     """A local model directory for `name`: the directory itself, or the snapshot of a hub id already in
     the local Hugging Face cache (never the network). Raises FileNotFoundError naming the fetch command."""
     name = str(name)
-    local = Path(name).expanduser()
+    local = local_path(name)
     if local.is_dir():
         return local
     if not looks_like_path(name):
@@ -204,7 +210,7 @@ def check_pretrained_available(profile: Profile) -> None:
     names = [profile.models.target, profile.models.draft, profile.models.flash_draft]
     missing = [n for n in names if not is_available(n)]
     if missing:
-        lines = "\n".join(f"  {n}:  " + (f"no model directory {Path(n).expanduser()}" if looks_like_path(n)
+        lines = "\n".join(f"  {n}:  " + (f"no model directory {local_path(n)}" if looks_like_path(n)
                                           else fetch_command(n)) for n in missing)
         raise FileNotFoundError(f"profile {profile.name!r} needs model weights that are not on this machine "
                                 f"(hub cache {hub_cache_dir()}):\n{lines}\n"

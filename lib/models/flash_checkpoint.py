@@ -17,7 +17,7 @@ from transformers import LlamaConfig, Qwen3Config
 from .. import bench
 from ..config import Profile
 from . import checkpoints, clustering as cl
-from .checkpoints import load_model, looks_like_path, resolve_model_dir
+from .checkpoints import load_model, local_path, looks_like_path, resolve_model_dir
 from ..engine.heads import FlashHead
 from .synthetic import SPECIAL_TOKENS
 
@@ -73,9 +73,9 @@ def read_flash_checkpoint(path: str | Path, hidden_size: int | None = None, voca
     """Read and check a FlashHead directory (or a hub id in the local cache).
     Returns (config dict, centroids (c,d), assignments (V,))."""
     path = Path(path)
-    if not path.expanduser().is_dir() and not looks_like_path(str(path)):
+    if not local_path(path).is_dir() and not looks_like_path(str(path)):
         path = resolve_model_dir(str(path))                            # hub id -> cached snapshot
-    path = path.expanduser()
+    path = local_path(path)
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"FlashHead checkpoint {path}: no config.json")
