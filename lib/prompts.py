@@ -65,13 +65,16 @@ def load_questions(path: str | Path) -> list[Prompt]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no question file at {path}. {SPEC_BENCH_HELP}")
-    prompts = []
+    prompts, seen = [], set()
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 prompts.append(_parse(line))
+                if prompts[-1].question_id in seen:            # a sample is (iteration, question id, mode)
+                    raise ValueError(f"question_id {prompts[-1].question_id} is given twice")
+                seen.add(prompts[-1].question_id)
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{path}:{n}: malformed question: {e}") from e
     return prompts

@@ -132,6 +132,15 @@ def test_malformed_line_names_file_and_line(tmp_path, bad):
         load_questions(path)
 
 
+def test_a_question_id_given_twice_is_refused_naming_file_and_line(tmp_path):
+    """A sample is (iteration, question id, mode): a second prompt of the same id had its samples taken for the
+    first's on resume and dropped as duplicates when the run finished."""
+    q = lambda text: json.dumps({"question_id": 5, "category": "qa", "turns": [text]})
+    path = write_lines(tmp_path / "q.jsonl", [q("first"), q("second")])
+    with pytest.raises(ValueError, match=r"q\.jsonl:2: malformed question: question_id 5 is given twice"):
+        load_questions(path)
+
+
 def test_load_skips_blank_lines_and_keeps_first_turn(tmp_path):
     q = {"question_id": 7, "category": "stem", "turns": ["first turn", "second turn"]}
     path = write_lines(tmp_path / "q.jsonl", [json.dumps(q), ""])
