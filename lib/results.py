@@ -23,7 +23,12 @@ def save_json(profile: Profile, name: str, data: dict) -> Path:
     path = profile.out_dir / name
     path.parent.mkdir(parents=True, exist_ok=True)
     stamp = {**written(), "profile": profile_digest(profile)}
-    path.write_text(json.dumps({**data, "written": stamp}, indent=1, default=float))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")              # whole files: an interruption keeps the old one
+    try:
+        tmp.write_text(json.dumps({**data, "written": stamp}, indent=1, default=float))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

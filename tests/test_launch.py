@@ -226,6 +226,25 @@ def test_a_result_file_must_be_a_json_object(profile):
         results.save_json(profile, "exit_depth.json", [{"depth": 1}])
 
 
+def test_an_interrupted_write_leaves_the_previous_result_file_whole(profile, monkeypatch):
+    """Ctrl-C while notebook 03 adds its part to notebook 02's step_breakdown.json: the failed notebook's stamp
+    records the file as it is, so a half-written one would have been kept, and every later update_json failed
+    on it."""
+    import pathlib
+    results.save_json(profile, "step_breakdown.json", {"draft": {"ms": 1.0}})
+    real = pathlib.Path.write_text
+
+    def torn(self, text, *a, **kw):
+        real(self, text[:len(text) // 2], *a, **kw)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pathlib.Path, "write_text", torn)
+    with pytest.raises(KeyboardInterrupt):
+        results.update_json(profile, "step_breakdown.json", {"target": {"ms": 2.0}})
+    monkeypatch.setattr(pathlib.Path, "write_text", real)
+    assert results.read_json(profile, "step_breakdown.json")["draft"] == {"ms": 1.0}
+    assert [f.name for f in profile.out_dir.iterdir()] == ["step_breakdown.json"]          # nothing left beside it
+
+
 def test_side_study_results_are_kept_only_when_this_clean_commit_wrote_them(profile, monkeypatch):
     monkeypatch.setenv("STUDY_COMMIT", "abc123")
     assert results.kept_json(profile, "sampling.json") is None                   # nothing written yet
