@@ -124,6 +124,8 @@ def other(p, need) -> None:
     need(p.bench.head_kernel in ("torch", "triton"), f"bench.head_kernel must be torch or triton, got {p.bench.head_kernel!r}")
     need(p.bench.iters >= 1 and p.bench.e2e_iters >= 1, "bench.iters and bench.e2e_iters must be >= 1")
     need(all(B >= 1 for B in p.bench.head_batches), f"bench.head_batches must be batch sizes >= 1, got {p.bench.head_batches}")
+    need(all(n >= 1 for n in p.bench.verify_lengths),                    # prompt[-0:] would feed the whole prompt
+         f"bench.verify_lengths must be call lengths >= 1, got {p.bench.verify_lengths}")
     need(set(p.peers.methods) <= set(modes.PEERS),
          f"peers.methods: unknown method in {p.peers.methods}; known: {list(modes.PEERS)}")
     need(p.peers.assistant_schedule in ("constant", "hf_default") and p.peers.prompt_lookup_tokens >= 1,

@@ -286,6 +286,13 @@ def test_a_cluster_size_that_does_not_divide_a_synthetic_vocabulary_is_refused(t
     assert "clustering.size_sweep: [12] do not divide the vocabulary (4096 tokens)" in load_error(tmp_path, smoke_data)
 
 
+def test_a_verify_length_below_one_is_refused(tmp_path, smoke_data):
+    """Notebook 03's target step bench feeds a call of n tokens the prompt's last n (prompt[-n:]): a length 0 fed
+    the whole prompt, timed and recorded as a call of 0 tokens."""
+    smoke_data["bench"]["verify_lengths"] = [0, 1, 2]
+    assert "bench.verify_lengths must be call lengths >= 1, got [0, 1, 2]" in load_error(tmp_path, smoke_data)
+
+
 def test_unknown_profile_lists_known_ones():
     with pytest.raises(ConfigError) as e:
         load_profile("no_such_profile_xyz")
