@@ -130,6 +130,7 @@ def other(p, need) -> None:
          f"peers.methods: unknown method in {p.peers.methods}; known: {list(modes.PEERS)}")
     need(p.peers.assistant_schedule in ("constant", "hf_default") and p.peers.prompt_lookup_tokens >= 1,
          "peers: assistant_schedule must be constant or hf_default, prompt_lookup_tokens >= 1")
+    need(p.slurm.shards >= 1, f"slurm.shards must be >= 1 (array tasks), got {p.slurm.shards}")
     need(p.prompts.side_prompts >= 0, f"prompts.side_prompts must be >= 0 (0: every prompt), got {p.prompts.side_prompts}")
     need(set(p.side_studies) <= set(modes.SIDE_STUDIES),
          f"side_studies: unknown study in {p.side_studies}; known: {list(modes.SIDE_STUDIES)}")

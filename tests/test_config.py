@@ -293,6 +293,13 @@ def test_a_verify_length_below_one_is_refused(tmp_path, smoke_data):
     assert "bench.verify_lengths must be call lengths >= 1, got [0, 1, 2]" in load_error(tmp_path, smoke_data)
 
 
+def test_a_slurm_array_of_no_shard_is_refused(tmp_path, smoke_data):
+    """launcher=slurm with slurm.shards 0 ran no shard and finished a run of no sample, the latest one (notebook 04
+    then failed on it)."""
+    smoke_data["slurm"] = {"shards": 0}
+    assert "slurm.shards must be >= 1" in load_error(tmp_path, smoke_data)
+
+
 def test_unknown_profile_lists_known_ones():
     with pytest.raises(ConfigError) as e:
         load_profile("no_such_profile_xyz")
