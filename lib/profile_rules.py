@@ -115,8 +115,8 @@ def decode(p, need) -> None:
     need(set(d.k_policies) <= set(modes.K_POLICIES),
          f"decode.k_policies: unknown policy in {d.k_policies}; known: {list(modes.K_POLICIES)}")
     need(d.k_max >= d.k, "decode.k_max must be >= decode.k")
-    need(set(d.schedules) <= set(modes.SCHEDULES),
-         f"decode.schedules: unknown schedule in {d.schedules}; known: {list(modes.SCHEDULES)}")
+    need(bool(d.schedules) and set(d.schedules) <= set(modes.SCHEDULES),      # none: no draft would run
+         f"decode.schedules must be a non-empty subset of {list(modes.SCHEDULES)}, got {d.schedules}")
 
 
 def other(p, need) -> None:

@@ -239,6 +239,13 @@ def test_unknown_schedule(tmp_path, smoke_data):
     assert "decode.schedules" in load_error(tmp_path, smoke_data)
 
 
+def test_no_schedule_is_refused(tmp_path, smoke_data):
+    """No schedule runs no draft: a run of the baseline alone, on which notebook 04's acceptance table failed
+    (KeyError: None of ['mode', 'group'] are in the columns)."""
+    smoke_data["decode"]["schedules"] = []
+    assert "decode.schedules must be a non-empty subset of" in load_error(tmp_path, smoke_data)
+
+
 @pytest.mark.parametrize("mutate,word", [
     (lambda d: d.update(dtype="float64"), "dtype"),
     (lambda d: d["models"].update(source="hub"), "models.source"),
