@@ -95,7 +95,8 @@ def clustering(p, need) -> None:
          "clustering.n_probes is required for synthetic and gguf profiles (pretrained ones may use the checkpoint's)")
     need(c.n_probes is None or 0 < c.n_probes <= c.n_clusters,
          f"clustering.n_probes ({c.n_probes}) must be in 1..n_clusters ({c.n_clusters})")
-    need(all(0 < q <= c.n_clusters for q in c.probe_sweep), "clustering.probe_sweep values must be in 1..n_clusters")
+    need(bool(c.probe_sweep) and all(0 < q <= c.n_clusters for q in c.probe_sweep),
+         f"clustering.probe_sweep must be a non-empty list of values in 1..n_clusters, got {c.probe_sweep}")
     need(c.iterations >= 1, "clustering.iterations must be >= 1")
     need(c.candidates >= 1, f"clustering.candidates must be >= 1, got {c.candidates}")
     need(c.top_k >= 1, f"clustering.top_k must be >= 1, got {c.top_k}")

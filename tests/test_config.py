@@ -287,6 +287,12 @@ def test_clustering_settings_that_fail_in_notebook_01_are_refused(tmp_path, smok
     assert words in load_error(tmp_path, smoke_data)
 
 
+def test_an_empty_probe_sweep_is_refused(tmp_path, smoke_data):
+    """Notebook 01's containment table is indexed by the sweep's probe counts (KeyError 'n_probes' on none)."""
+    smoke_data["clustering"]["probe_sweep"] = []
+    assert "clustering.probe_sweep must be a non-empty list of values in 1..n_clusters" in load_error(tmp_path, smoke_data)
+
+
 def test_a_cluster_size_that_does_not_divide_a_synthetic_vocabulary_is_refused(tmp_path, smoke_data):
     """Known when the profile loads (the synthetic vocabulary is in it), not after notebook 01's clustering."""
     smoke_data["clustering"]["size_sweep"] = [8, 12, 16]       # 4096 % 12 != 0
