@@ -57,6 +57,14 @@ def outputs_root() -> Path:
     return Path(os.environ.get("STUDY_OUTPUTS") or ROOT / "outputs").expanduser()
 
 
+def absolute_roots() -> None:
+    """$STUDY_OUTPUTS and $STUDY_MODELS made absolute, from the working directory: preflight runs in the repository
+    and the kernels in notebooks/, and each would read a relative one from its own."""
+    for key in ("STUDY_OUTPUTS", "STUDY_MODELS"):
+        if os.environ.get(key):
+            os.environ[key] = str(Path(os.environ[key]).expanduser().resolve())
+
+
 def shown(path: Path) -> str:
     """The path relative to the working directory when it lies below it."""
     try:
@@ -269,6 +277,7 @@ def execute(notebook: Path, out: Path, parameters: dict) -> tuple[str, Path] | N
 
 def run_all(profile: str, launcher: str, fresh: bool, root: Path = ROOT) -> int:
     """Every notebook in order, skipping the up-to-date ones; 0 when all are done, 1 on a failure."""
+    absolute_roots()
     out = outputs_root().resolve() / profile
     out.mkdir(parents=True, exist_ok=True)
     os.environ.update(QUIET_ENV, STUDY_OUTPUTS=str(out.parent))   # kernels inherit this; they run in notebooks/
@@ -319,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", action="store_true", help="ignore stamps, run every notebook, start a new e2e run")
     args = ap.parse_args(argv)
     profile = Path(args.profile).stem if args.profile.endswith(".yaml") else args.profile   # params/<profile>.yaml
+    absolute_roots()
     preflight(profile)
     return run_all(profile, args.launcher, args.fresh)
 

@@ -333,3 +333,15 @@ def test_a_changed_file_that_a_later_notebook_added_to_reruns_every_notebook_tha
     assert rerun_lines(repo, capsys) == ["01_m: running (shared.json is missing)",
                                          "02_m: running (01_m ran again since)"]
     assert json.loads((out / "shared.json").read_text()) == {"a": "from 01", "b": 2}
+
+
+def test_a_relative_study_models_is_the_one_preflight_checked(repo, capsys, monkeypatch):
+    """STUDY_MODELS=scratch/models given to `make reproduce`: preflight (run in the repository) counted disk and
+    checked the models there, the kernels (run in notebooks/) wrote them under notebooks/ (into the code a commit
+    claim covers)."""
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("STUDY_MODELS", "scratch/models")
+    notebook(repo / "notebooks" / "01_m.ipynb",
+             WRITES + "(out / 'models.txt').write_text(str(pathlib.Path(os.environ['STUDY_MODELS']).resolve()))")
+    assert driver.run_all("p", "local", fresh=False, root=repo) == 0
+    assert (repo / "out" / "p" / "models.txt").read_text() == str(repo / "scratch" / "models")
