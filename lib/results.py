@@ -23,13 +23,18 @@ def save_json(profile: Profile, name: str, data: dict) -> Path:
     path = profile.out_dir / name
     path.parent.mkdir(parents=True, exist_ok=True)
     stamp = {**written(), "profile": profile_digest(profile)}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")              # whole files: an interruption keeps the old one
+    write_whole(path, json.dumps({**data, "written": stamp}, indent=1, default=float))
+    return path
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write a file whole: beside it, then renamed into place, so an interruption keeps the old one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps({**data, "written": stamp}, indent=1, default=float))
+        tmp.write_text(text)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    return path
 
 
 def profile_digest(profile: Profile) -> str:

@@ -291,3 +291,21 @@ def test_the_step_floor_counts_the_kv_cache_it_attends_to():
     assert f["body_bytes"] == 2000 and f["kv_cache_bytes"] == 1920
     assert f["body_ms"] == pytest.approx(3.92) and f["dense_step_ms"] == pytest.approx(3.92 + 0.4)
     assert f["flash_step_ms"] == pytest.approx(3.92 + 0.2)
+
+
+def test_a_file_written_whole_keeps_the_old_one_when_interrupted(tmp_path, monkeypatch):
+    """results.write_whole (result files, a resumed run's config.json): stopped before the rename, the old file
+    stays as it was and no partial file is left beside it."""
+    import os
+    path = tmp_path / "config.json"
+    path.write_text('{"old": 1}')
+
+    def stopped(*_):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(os, "replace", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        results.write_whole(path, '{"new": 2}')
+    assert path.read_text() == '{"old": 1}' and [p.name for p in tmp_path.iterdir()] == ["config.json"]
+    monkeypatch.undo()
+    results.write_whole(path, '{"new": 2}')
+    assert path.read_text() == '{"new": 2}'

@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import modes
 from ..engine.blocks import make_policy
 from ..config import Profile, as_dict
-from ..results import clean_commit, finished, git_commit, now, read_records, runs_of
+from ..results import clean_commit, finished, git_commit, now, read_records, runs_of, write_whole
 from ..progress import note, steps
 from ..engine.speculative import Request, Result, generate_baseline, generate_speculative
 
@@ -122,7 +122,7 @@ def start_or_resume(profile: Profile, config: dict, fresh: bool = False) -> tupl
     if run is not None:                                                # the run records each time it is resumed
         cfg = json.loads((run / "config.json").read_text())
         cfg.setdefault("resumed", []).append({"at": now(), "commit": git_commit(), "samples": len(read_records(run))})
-        (run / "config.json").write_text(json.dumps(cfg, indent=1, default=str))
+        write_whole(run / "config.json", json.dumps(cfg, indent=1, default=str))       # a torn one would end resuming
         return run, True
     return new_run(profile.out_dir, config), False
 
