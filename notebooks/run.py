@@ -6,8 +6,8 @@
 2. Each notebooks/0*.ipynb in order, into $STUDY_OUTPUTS/PROFILE/ (default outputs/PROFILE/), skipped when up
    to date: its stamp .stamps/<name>.json records the sha256 of what it depends on (the profile file and the
    profiles it extends, the prompt file, the notebook, every lib/ module, the earlier notebooks' stamps, so
-   rerunning 01 makes 02-04 stale; 04_analysis also params/thesis_tables.yaml and the summary.json of each profile
-   under compare_with, which it sets ours beside) and of what it wrote (the executed notebook and every result
+   rerunning 01 makes 02-04 stale; 04_analysis also params/thesis_tables.yaml, the summary.json of each profile
+   under compare_with, which it sets ours beside, and the run it analyses) and of what it wrote (the executed notebook and every result
    file it changed). Anything that differs re-runs it, and the terminal says why; --fresh runs everything and
    passes `fresh=True`.
 3. papermill executes into <name>.running.ipynb, which replaces <name>.ipynb only on success; a failure
@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from lib.config import Prompts, merged, profile_files, read_yaml  # noqa: E402 - profiles (no model code)
 from lib.prompts import profile_prompt_file  # noqa: E402 - which prompt file a profile reads
+from lib.results import latest_run  # noqa: E402 - the run notebook 04 analyses
 from watch import Watch, duration  # noqa: E402 - notebooks/watch.py, beside this file
 
 PREFLIGHT = [sys.executable, "-m", "lib.study.preflight"]
@@ -107,13 +108,20 @@ def dependencies(root: Path, profile: str, notebook: Path, out: Path, earlier: l
 
 def report_inputs(root: Path, files: list[Path], out: Path) -> dict:
     """sha256 of what the analysis notebook reads besides this profile's results and code (None where missing):
-    the thesis's published tables (lib.config.thesis_numbers) and the summary.json of each profile under
-    compare_with (beside this profile's outputs)."""
+    the thesis's published tables (lib.config.thesis_numbers), the summary.json of each profile under
+    compare_with (beside this profile's outputs) and the run it analyses, the latest finished e2e run (one made
+    or put back without notebook 03, by a script or git, is a new input too)."""
     others = profile_data(files).get("compare_with")
     paths = {"params/thesis_tables.yaml": root / "params" / "thesis_tables.yaml",
              **{f"{o}/summary.json": out.parent / o / "summary.json"
                 for o in (others if isinstance(others, list) else []) if isinstance(o, str) and o != out.name}}
-    return {name: sha256(p) if p.is_file() else None for name, p in paths.items()}
+    inputs = {name: sha256(p) if p.is_file() else None for name, p in paths.items()}
+    try:
+        run = latest_run(out)
+        inputs["the analysed run"] = f"{run.name} {sha256(run / 'samples.jsonl')}"
+    except FileNotFoundError:
+        inputs["the analysed run"] = None
+    return inputs
 
 
 def profile_data(files: list[Path]) -> dict:

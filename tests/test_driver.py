@@ -345,3 +345,19 @@ def test_a_relative_study_models_is_the_one_preflight_checked(repo, capsys, monk
              WRITES + "(out / 'models.txt').write_text(str(pathlib.Path(os.environ['STUDY_MODELS']).resolve()))")
     assert driver.run_all("p", "local", fresh=False, root=repo) == 0
     assert (repo / "out" / "p" / "models.txt").read_text() == str(repo / "scratch" / "models")
+
+
+def test_the_run_the_analysis_reads_is_a_dependency_of_the_analysis_notebook(repo, capsys):
+    """Notebook 04 analyses the latest finished e2e run: one made without notebook 03 (a script, or put back by git)
+    is a new input, and 04 runs again though nothing else changed."""
+    notebook(repo / "notebooks" / "01_w.ipynb", "x = 1")
+    notebook(repo / "notebooks" / "04_analysis.ipynb", "x = 2")
+    assert driver.run_all("p", "local", fresh=False, root=repo) == 0
+    capsys.readouterr()
+    run = repo / "out" / "p" / "runs" / "e2e-20261129T120000"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    (run / "samples.jsonl").write_text('{"mode": "baseline"}\n')
+    (run / "DONE").write_text('{"finished": "2026-11-29T12:00:00+00:00"}')
+    assert rerun_lines(repo, capsys) == ["01_w: up to date, skipped", "04_analysis: running (the analysed run changed)"]
+    assert rerun_lines(repo, capsys) == ["01_w: up to date, skipped", "04_analysis: up to date, skipped"]
