@@ -79,8 +79,16 @@ def test_only_the_chosen_probes_are_scored(flash, hidden):
     assert torch.equal(keep.sum(1), p * b + s)
     tok = head(hidden)
     assert ((cand == tok[:, None]) & keep).any(1).all()                  # the answer is a scored candidate
-    assert sum(head.probe_counts()) == hidden.shape[0]
-    assert 1 <= mean_probes(head.probe_counts()) <= 16
+    counts = head.probe_counts()
+    assert counts == torch.bincount(p, minlength=17).tolist()            # one step counted at each row's own p
+    assert mean_probes(counts) == pytest.approx(p.double().mean().item())
+    assert len(set(p.tolist())) > 1                                      # the mean is not just one count
+    # the answer is the best-scoring kept candidate (ties: the smallest id), recomputed row by row
+    W = flash.weight
+    for c, k, h, t in zip(cand, keep, hidden, tok):
+        ids = c[k].unique()
+        logits = W[ids] @ h
+        assert t.item() == ids[logits.argmax()].item()
 
 
 @pytest.mark.parametrize("kw,match", [(dict(threshold=1.5), "threshold"), (dict(p_min=0), "p_min"),
