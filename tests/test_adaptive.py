@@ -246,7 +246,7 @@ def test_adaptive_study_compares_every_policy_with_fixed_settings(smoke, smoke_r
     assert ad["e2e_run"] == later.name and e2e and all(r["source"] == f"e2e run {later.name}" for r in e2e)
     before = {r["policy"]: r for r in a["policies"] if r["source"].startswith("e2e run")}
     assert all(r["decode_tok_s"] == pytest.approx(before[r["policy"]]["decode_tok_s"] / 2) for r in e2e)
-    assert analysis.extra_summary(smoke, later)["adaptive"]["policies"] == ad["policies"]
+    assert analysis.extra_summary(smoke, ad)["adaptive"]["policies"] == ad["policies"]
     shutil.rmtree(later)                                                      # the other tests' latest run stays theirs
 
 

@@ -166,6 +166,14 @@ def study_rows(stats: dict, reg: dict, k_policies: dict | None = None) -> list[d
     return rows
 
 
+E2E_SOURCE = "e2e run "          # the source of the rows made from an end-to-end run: this, then the run's name
+
+
+def run_rows(run) -> list[dict]:
+    """e2e_rows of a finished end-to-end run, their source naming it."""
+    return e2e_rows(results.read_records(run), E2E_SOURCE + run.name)
+
+
 def e2e_rows(records: list[dict], source: str) -> list[dict]:
     """From an end-to-end run: each adaptive-K policy against the same draft at fixed K, and each adaptive draft
     against the best fixed-K plain draft of its schedule on its body (not the full-depth control flash_full; mean K,
@@ -224,7 +232,7 @@ def adaptive_study(profile: Profile, target_model=None, n_prompts: int | None = 
     rows = study_rows(stats, reg, k_policies)
     try:
         run = results.latest_run(profile.out_dir)
-        rows += e2e_rows(results.read_records(run), f"e2e run {run.name}")
+        rows += run_rows(run)
     except FileNotFoundError:
         run = None                                                               # no end-to-end run yet
     result = {"device": study.device_info(profile), "schedule": schedule, "k": profile.decode.k, "prompts": len(enc),

@@ -27,7 +27,7 @@ from ..report.tables import (acceptance_by_group, adaptive_tables, block_policie
 from ..report.micro import head_memory_table  # noqa: F401
 from ..report.thesis import e2e_tables, micro_tables, save_tables, side_by_side, thesis_consistency  # noqa: F401
 from ..results import latest_run  # noqa: F401
-from .adaptive import e2e_rows
+from .adaptive import E2E_SOURCE, run_rows
 from .common import setup  # noqa: F401
 
 
@@ -57,16 +57,15 @@ def adaptive_results(profile: Profile, run: Path) -> dict | None:
     ad = optional_json(profile, "adaptive.json")
     if ad is None:
         return None
-    side = [r for r in ad["policies"] if not str(r.get("source", "")).startswith("e2e run")]
-    return {**ad, "e2e_run": Path(run).name, "policies": side + e2e_rows(read_records(run), f"e2e run {Path(run).name}")}
+    side = [r for r in ad["policies"] if not str(r.get("source", "")).startswith(E2E_SOURCE)]
+    return {**ad, "e2e_run": Path(run).name, "policies": side + run_rows(Path(run))}
 
 
-def extra_summary(profile: Profile, run: Path) -> dict:
-    """summary.json's profile-specific sections (report.summary_json.extra_summary), the adaptive one with the
-    analysed run's end-to-end rows (adaptive_results)."""
+def extra_summary(profile: Profile, ad: dict | None) -> dict:
+    """summary.json's profile-specific sections (report.summary_json.extra_summary), the adaptive one as
+    adaptive_results gave it (`ad`: with the analysed run's end-to-end rows)."""
     out = summary_json.extra_summary(profile)
-    if "adaptive" in out:
-        ad = adaptive_results(profile, run)
+    if ad is not None and "adaptive" in out:
         out["adaptive"].update(e2e_run=ad["e2e_run"], policies=ad["policies"])
     return out
 
