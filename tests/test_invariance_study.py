@@ -19,3 +19,19 @@ def test_invariance_study_reports_both_settings(tmp_path, monkeypatch):
     assert data["rows"] == p.decode.k_max + 1 and set(data["step_ms"]) == set(invariance.SETTINGS)
     assert all(set(calls) == {"1", "2"} for calls in data["step_ms"].values())
     assert (p.out_dir / "invariance.json").exists()
+
+
+def test_a_profile_of_adaptive_drafts_only_has_step_times_and_no_mode_rows():
+    """Adaptive drafts are left out of the study (greedy_modes), so with no other draft invariance.json's modes is
+    empty: its tables are then an empty mode table beside the step times (pivot failed: KeyError 'setting')."""
+    from lib.report.tables import invariance_tables
+    p = load_profile("smoke")
+    p = replace(p, decode=replace(p.decode, modes=["baseline", "flash_adaptive", "bandit_ucb"]))
+    assert invariance.greedy_modes(p) == []
+    data = {"modes": [], "step_ms": {s: {"1": {"mean_ms": 1.5}, "2": {"mean_ms": 2.5}} for s in invariance.SETTINGS}}
+    exact, steps = invariance_tables(data)
+    assert exact.empty
+    assert steps.loc[2, "variant"] == 2.5 and list(steps.columns) == list(invariance.SETTINGS)
+    row = {"setting": "invariant", "mode": "flash_ordinary", "samples": 1, "exact_match_rate": 1.0, "acceptance": 0.5}
+    exact, _ = invariance_tables({**data, "modes": [row]})
+    assert exact.loc["flash_ordinary", ("acceptance", "invariant")] == 0.5

@@ -197,8 +197,10 @@ def divergence_points(div: pd.DataFrame) -> pd.DataFrame:
 
 def invariance_tables(data: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     """invariance.json as (exact match and acceptance per mode, one column pair per setting; the target's mean
-    call time in ms per call length, one column per setting)."""
-    modes_ = pd.DataFrame(data["modes"]).pivot(index="mode", columns="setting", values=["exact_match_rate", "acceptance"])
+    call time in ms per call length, one column per setting). The mode table is empty where the profile's drafts
+    are all adaptive (the study runs fixed-K drafts only): the rows' frame is given its columns, so none pivots too."""
+    rows = pd.DataFrame(data["modes"], columns=["setting", "mode", "exact_match_rate", "acceptance"])
+    modes_ = rows.pivot(index="mode", columns="setting", values=["exact_match_rate", "acceptance"])
     steps = pd.DataFrame({s: {int(n): v["mean_ms"] for n, v in calls.items()} for s, calls in data["step_ms"].items()})
     steps.index.name = "call length"
     return modes_, steps
