@@ -30,7 +30,7 @@ def call_costs(micro: dict, target_step: dict, draft: str = modes.FLASH) -> dict
     name = modes.FLASH if draft == modes.FLASH else modes.DENSE     # notebook 02 times these two drafts
     block = micro.get("block", {})
     t_q = block[name]["mean_ms"] / block["k"] if name in block else micro["model_step"][name]["mean_ms"]
-    two = f"{name}_fed_two"
+    two = modes.fed_two(name)
     return {"T_p": {i: float(np.interp(i, n, ms)) for i in range(1, n[-1] + 1)}, "T_q": t_q,
             "T_q2": block[two]["mean_ms"] / block["k"] if two in block else t_q}
 
@@ -67,11 +67,12 @@ def round_call_lengths(k: int) -> dict[str, int]:
     return {"1": 1, "K": k, "K+1": k + 1}
 
 
-def projected_tok_s(costs: dict, k: int, emitted: float, schedule: str) -> float:
+def projected_tok_s(costs: dict, k: int, emitted: float, schedule: str, ahead: float = 0.0) -> float:
     """1 / TPOT for a long generation at mean emitted `emitted` a round: every round appends, and the ordinary
-    schedule skips the verify calls its per-token acceptance implies (skip_share)."""
+    schedule skips the verify calls its per-token acceptance implies (skip_share); `ahead`: the share of rounds
+    whose block is launched ahead, fed two tokens (tpot_ms)."""
     skip = skip_share(per_token_acceptance(emitted, k), schedule)
-    return 1000 / tpot_ms(costs, k, emitted, schedule, skip)
+    return 1000 / tpot_ms(costs, k, emitted, schedule, skip, ahead=ahead)
 
 
 def round_calls(tp: dict, k: float, schedule: str, appends: float = 1.0) -> tuple[float, float]:
@@ -277,8 +278,10 @@ def context_projection(ctx: dict, agg: pd.DataFrame) -> pd.DataFrame:
     """PROJECTED decode tok/s at each position of notebook 03's context study (context.json): the cost model fed
     with the calls measured there (T_q: each draft's proposal block a token; T_p(1), T_p(K), T_p(K+1)) and the
     end-to-end run's mean emitted per round of each draft and schedule (agg), as if the run's acceptance held at
-    that context; each round charged an append (long generations) and the expected skip share. Beside them the
-    measured draft-step ratio. Projections, not measurements."""
+    that context; each round charged an append (long generations) and the expected skip share, and the share of
+    the run's rounds launched ahead (measured_ahead) the block fed two tokens where the study timed it at that
+    position (context studies before it did not: T_q there). Beside them the measured draft-step ratio.
+    Projections, not measurements."""
     k, rows = ctx["k"], []
     for r in ctx["rows"]:
         tp = {n: r["target"][name]["mean_ms"] for name, n in round_call_lengths(k).items()}
@@ -289,9 +292,11 @@ def context_projection(ctx: dict, agg: pd.DataFrame) -> pd.DataFrame:
             for draft in (modes.DENSE, modes.FLASH):
                 mode = modes.name(draft, schedule)
                 if mode in agg.index:
-                    costs = {"T_p": tp, "T_q": r["draft"][draft]["per_token_ms"]}
-                    tok[draft] = row[f"{mode} tok/s"] = projected_tok_s(costs, k, float(agg.loc[mode, "mean_emitted"]),
-                                                                        schedule)
+                    t_q = r["draft"][draft]["per_token_ms"]
+                    costs = {"T_p": tp, "T_q": t_q, "T_q2": r.get("draft_fed_two", {}).get(draft, {}).get(
+                        "per_token_ms", t_q)}
+                    tok[draft] = row[f"{mode} tok/s"] = projected_tok_s(
+                        costs, k, float(agg.loc[mode, "mean_emitted"]), schedule, measured_ahead(agg.loc[mode]))
             if len(tok) == 2:
                 row[f"{schedule}: flash/dense"] = tok[modes.FLASH] / tok[modes.DENSE]
         rows.append(row)

@@ -30,6 +30,12 @@ def probes_arm(p: int) -> str:
     return f"{FLASH}_p{p}"
 
 
+def fed_two(draft: str) -> str:
+    """The name of a draft's proposal block fed two tokens, as deferred rounds launch it ahead, in the benches:
+    '<draft>_fed_two'."""
+    return f"{draft}_fed_two"
+
+
 def threshold_drafter(t: float) -> str:
     """The name of the adaptive-probe head at threshold t in the adaptive study: 'adaptive_t<t>'."""
     return f"adaptive_t{t:g}"

@@ -35,6 +35,7 @@ def test_every_call_is_timed_at_every_position(study):
         assert r["draft"]["dense"]["per_token_ms"] == pytest.approx(r["draft"]["dense"]["mean_ms"] / data["k"])
         assert r["draft_step_ratio"] == pytest.approx(r["draft"]["dense"]["mean_ms"] / r["draft"]["flash"]["mean_ms"])
         assert r["cache_positions"] >= r["position"] + data["k"] + 1                # engines sized for the position
+        assert r["draft_fed_two"] == {}        # a CPU's drafts step token by token: no block launched ahead to time
     assert data["rows"][0]["cache_positions"] < data["rows"][1]["cache_positions"]
 
 
@@ -61,12 +62,32 @@ def costs_row(position, dense_ms, flash_ms, target_ms, k):
                        for name, n in costmodel.round_call_lengths(k).items()}}
 
 
+def agg_of(emitted, launched_ahead=0):
+    """An e2e run's table as the projection reads it: 10 rounds a mode, the deferred ones `launched_ahead`."""
+    index = ["dense_ordinary", "flash_ordinary", "dense_deferred", "flash_deferred"]
+    return pd.DataFrame({"mean_emitted": [emitted] * 4, "schedule": ["ordinary"] * 2 + ["deferred"] * 2,
+                         "rounds": [10] * 4, "launched_ahead": [0, 0, launched_ahead, launched_ahead]}, index=index)
+
+
+def test_projection_charges_the_rounds_launched_ahead_the_block_fed_two_tokens():
+    k, em = 4, 3.0
+    row = costs_row(4096, 2.0, 1.5, 20.0, k)
+    row["draft_fed_two"] = {"dense": {"per_token_ms": 2.4}, "flash": {"per_token_ms": 1.9}}
+    proj = costmodel.context_projection({"k": k, "rows": [row]}, agg_of(em, launched_ahead=6))
+    block = k * (0.4 * 1.5 + 0.6 * 1.9)                                    # 6 of 10 rounds launched ahead
+    assert proj.loc[4096, "flash_deferred tok/s"] == pytest.approx(1000 * em / (20.0 + 0.1 * (k + 1) + block))
+    ordinary = 1000 * em / ((1 - costmodel.skip_share(costmodel.per_token_acceptance(em, k), "ordinary"))
+                            * (20.0 + 0.1 * k) + k * 1.5 + 20.1)           # never launched ahead: T_q alone
+    assert proj.loc[4096, "flash_ordinary tok/s"] == pytest.approx(ordinary)
+    del row["draft_fed_two"]                                               # a study that did not time it: T_q
+    before = costmodel.context_projection({"k": k, "rows": [row]}, agg_of(em, launched_ahead=6))
+    assert before.loc[4096, "flash_deferred tok/s"] == pytest.approx(1000 * em / (20.0 + 0.1 * (k + 1) + k * 1.5))
+
+
 def test_projection_is_the_cost_model_at_each_position():
     k, em = 4, 3.0
     ctx = {"k": k, "rows": [costs_row(64, 1.0, 1.0, 10.0, k), costs_row(4096, 2.0, 1.5, 20.0, k)]}
-    agg = pd.DataFrame({"mean_emitted": [em] * 4}, index=["dense_ordinary", "flash_ordinary", "dense_deferred",
-                                                           "flash_deferred"])
-    proj = costmodel.context_projection(ctx, agg)
+    proj = costmodel.context_projection(ctx, agg_of(em))
     assert list(proj.index) == [64, 4096]
     assert proj.loc[64, "deferred: flash/dense"] == pytest.approx(1.0)            # equal draft steps: no gain
     assert proj.loc[64, "ordinary: flash/dense"] == pytest.approx(1.0)
@@ -80,6 +101,9 @@ def test_table_and_figure(study, tmp_path):
     _, data = study
     tab = context_table(data)
     assert list(tab.index) == LENGTHS and {"dense ms/token", "flash ms/token", "dense/flash", "target 1 ms"} <= set(tab)
+    timed = {**data, "rows": [{**r, "draft_fed_two": {"dense": {"per_token_ms": 0.7}}} for r in data["rows"]]}
+    assert list(context_table(timed)["dense fed two ms/token"]) == [0.7, 0.7]   # a GPU's block launched ahead
+    assert not any("fed two" in c for c in tab)
     proj = pd.DataFrame({"deferred: flash/dense": [1.0, 1.0]}, index=pd.Index(LENGTHS, name="position"))
     fig = context_plot(data, proj)
     assert len(fig.axes) == 3 and any("projected" in t.get_text() for t in fig.axes[2].get_legend().get_texts())

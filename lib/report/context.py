@@ -13,7 +13,8 @@ from .figures import _save, plt
 def context_table(ctx: dict) -> pd.DataFrame:
     """Per position: each draft's time a proposed token (its K-token block over K) and the measured dense/flash
     ratio; the head's share that FlashHead removes ((dense - flash) / dense); the target's calls of 1, K and K+1
-    tokens; on a GPU each call's floor (its bytes at the copy bandwidth) and the share of it reached."""
+    tokens; on a GPU each call's floor (its bytes at the copy bandwidth) and the share of it reached, and each
+    draft's block fed two tokens (as deferred rounds launch it ahead) where the study timed it."""
     k, rows = ctx["k"], []
     for r in ctx["rows"]:
         d, f, t = r["draft"][modes.DENSE], r["draft"][modes.FLASH], r["target"]
@@ -25,6 +26,7 @@ def context_table(ctx: dict) -> pd.DataFrame:
         if "floor_ms" in d:
             row.update({"dense floor ms/token": d["floor_ms"] / k, "dense of floor": d["floor_ms"] / d["mean_ms"],
                         "target 1 floor ms": t["1"]["floor_ms"], "target of floor": t["1"]["floor_ms"] / t["1"]["mean_ms"]})
+        row.update({f"{name} fed two ms/token": s["per_token_ms"] for name, s in r.get("draft_fed_two", {}).items()})
         rows.append(row)
     return pd.DataFrame(rows).set_index("position")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from .. import modes
 from ..config import DTYPE_BYTES
 
 
@@ -52,8 +53,8 @@ def draft_step_table(micro: dict) -> pd.DataFrame:
             out[label].update({"block ms per token": blk[name]["mean_ms"] / blk["k"],
                                "block p50 ms per token": blk[name]["p50_ms"] / blk["k"],
                                "k steps ms per token": blk[f"{name}_steps"]["mean_ms"] / blk["k"]})
-        if f"{name}_fed_two" in blk:                                        # as deferred rounds launch it ahead
-            out[label]["block fed two tokens, ms per token"] = blk[f"{name}_fed_two"]["mean_ms"] / blk["k"]
+        if modes.fed_two(name) in blk:                                        # as deferred rounds launch it ahead
+            out[label]["block fed two tokens, ms per token"] = blk[modes.fed_two(name)]["mean_ms"] / blk["k"]
         if f"{name}_instances" in blk:                                      # the block through each fused step
             p50s = [s["p50_ms"] / blk["k"] for s in blk[f"{name}_instances"]]
             out[label].update({"block p50 per token, fastest instance": min(p50s),

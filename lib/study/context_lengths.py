@@ -60,31 +60,38 @@ def engines_at(profile: Profile, target_model, pos: int) -> tuple:
     drafts = build.build_drafts(at, DRAFTS, target.clock, target_model)
     for d in drafts.values():
         if d.chained:
-            d.runner.warm_chain(d.head.head, 1, k)
+            for fed in (1, 2):                                    # a block fed one token, and one launched ahead
+                d.runner.warm_chain(d.head.head, fed, k)
     return target, drafts
 
 
 def context_row(profile: Profile, drafts: dict, target, pos: int) -> dict:
     """Both drafts' proposal blocks (interleaved) and the target's calls (interleaved) at position `pos`: stats in
-    ms a call, and each draft's time a proposed token."""
+    ms a call, and each draft's time a proposed token; `draft_fed_two`: the same for the block fed two tokens, as
+    deferred rounds launch it ahead (chained drafts: a GPU)."""
     b, k = profile.bench, profile.decode.k
     x = torch.zeros((1, 1), dtype=torch.long, device=drafts[modes.DENSE].runner.device)
-    raw = bench.interleaved({name: proposal_block(d, x, pos, k) for name, d in drafts.items()},
-                            max(2, b.warmup // 4), max(10, b.iters // 4), x.device)
-    draft = {name: bench.stats(ms) for name, ms in raw.items()}
-    for s in draft.values():
+    blocks = {name: proposal_block(d, x, pos, k) for name, d in drafts.items()}
+    blocks.update({modes.fed_two(name): proposal_block(d, x.repeat(1, 2), pos, k)
+                   for name, d in drafts.items() if d.chained})
+    raw = bench.interleaved(blocks, max(2, b.warmup // 4), max(10, b.iters // 4), x.device)
+    stats = {name: bench.stats(ms) for name, ms in raw.items()}
+    for s in stats.values():
         s["per_token_ms"] = s["mean_ms"] / k
+    draft = {name: stats[name] for name in drafts}
+    fed_two = {name: stats[modes.fed_two(name)] for name in drafts if modes.fed_two(name) in stats}
     ids = {name: torch.zeros((1, n), dtype=torch.long, device=target.device) for name, n in round_call_lengths(k).items()}
     calls = {name: (lambda i=i: target.greedy(i, pos)) for name, i in ids.items()}
     raw = bench.interleaved(calls, max(2, b.warmup // 4), max(10, b.iters // 10), target.device)
-    return {"position": pos, "draft": draft, "target": {name: bench.stats(ms) for name, ms in raw.items()},
+    return {"position": pos, "draft": draft, "draft_fed_two": fed_two,
+            "target": {name: bench.stats(ms) for name, ms in raw.items()},
             "draft_step_ratio": draft[modes.DENSE]["mean_ms"] / draft[modes.FLASH]["mean_ms"]}
 
 
 def proposal_block(d, x: torch.Tensor, pos: int, k: int):
-    """A draft's k greedy proposals from `pos` as the engine makes them: one graph replay where the draft chains
-    its blocks (lib/engine/rounds.propose_block), else k steps of body and head (the tokens fed do not change
-    the time)."""
+    """A draft's k greedy proposals from `pos` as the engine makes them, fed the tokens x (1 or, launched ahead, 2):
+    one graph replay where the draft chains its blocks (lib/engine/rounds.propose_block), else k steps of body and
+    head fed one token (the tokens fed do not change the time)."""
     if d.chained:
         return lambda: d.runner.chain(d.head.head, x, pos, k)
     return lambda: [d.head(d.runner.forward(x, pos + i)[:, -1]) for i in range(k)]

@@ -94,7 +94,7 @@ def block_bench(profile: Profile, drafts: dict, x: torch.Tensor, pos: int) -> di
         for key, step in zip(names[name], steps):
             fns[key] = instance_block(d.runner, step, d.head.head, x, pos, k)
         fns[f"{name}_steps"] = lambda d=d: [d.head(d.runner.forward(x, pos + i)[:, -1]) for i in range(k)]
-        fns[f"{name}_fed_two"] = lambda d=d: d.runner.chain(d.head.head, two, pos, k)
+        fns[modes.fed_two(name)] = lambda d=d: d.runner.chain(d.head.head, two, pos, k)
     fns["body"] = lambda d=drafts[modes.DENSE]: d.runner.chain(body_only, x, pos, k)
     raw = bench.interleaved(fns, b.warmup, max(10, b.iters // 4), x.device)
     out = {"k": k, **{name: bench.stats(ms) for name, ms in raw.items() if "#" not in name}}
