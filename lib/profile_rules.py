@@ -133,6 +133,9 @@ def other(p, need) -> None:
          "peers: assistant_schedule must be constant or hf_default, prompt_lookup_tokens >= 1")
     need(p.slurm.shards >= 1, f"slurm.shards must be >= 1 (array tasks), got {p.slurm.shards}")
     need(p.prompts.side_prompts >= 0, f"prompts.side_prompts must be >= 0 (0: every prompt), got {p.prompts.side_prompts}")
+    for key in ("per_group", "limit"):                                   # 0 selects no prompt, below it fails in select
+        n = getattr(p.prompts, key)
+        need(n is None or n >= 1, f"prompts.{key} must be >= 1 (or left out: all), got {n}")
     need(set(p.side_studies) <= set(modes.SIDE_STUDIES),
          f"side_studies: unknown study in {p.side_studies}; known: {list(modes.SIDE_STUDIES)}")
     need(all(n >= 1 for n in p.bench.context_lengths), f"bench.context_lengths must be positions >= 1, got {p.bench.context_lengths}")

@@ -306,6 +306,14 @@ def test_a_verify_length_below_one_is_refused(tmp_path, smoke_data):
     assert "bench.verify_lengths must be call lengths >= 1, got [0, 1, 2]" in load_error(tmp_path, smoke_data)
 
 
+@pytest.mark.parametrize("key,value", [("per_group", 0), ("per_group", -1), ("limit", 0), ("limit", -2)])
+def test_a_prompt_count_below_one_is_refused(tmp_path, smoke_data, key, value):
+    """prompts.per_group or limit 0 selected no prompt and a negative one failed in select: both only once a run
+    started (study/common.py's prompt_set), not when the profile loaded."""
+    smoke_data["prompts"][key] = value
+    assert f"prompts.{key} must be >= 1 (or left out: all), got {value}" in load_error(tmp_path, smoke_data)
+
+
 def test_a_slurm_array_of_no_shard_is_refused(tmp_path, smoke_data):
     """launcher=slurm with slurm.shards 0 ran no shard and finished a run of no sample, the latest one (notebook 04
     then failed on it)."""
