@@ -809,3 +809,21 @@ def test_a_run_names_its_cards_for_the_figures():
     assert run_cards({"device": {"target": "NVIDIA H200", "draft": "NVIDIA H200"}}) == "NVIDIA H200"
     assert run_cards({"device": {"target": "A", "draft": "B"}}) == "target on A, draft on B"
     assert run_cards({}) == "unknown"
+
+
+def test_phase_shares_show_every_phase_where_overlapping_phases_sum_past_the_wall_time(monkeypatch, tmp_path):
+    """The pipelined schedule's finalize (the target append) runs beside the next draft: its phases' shares of the
+    wall time sum past 1 (two_gpu_awq: 1.20). The figure's axis reaches their sum; it was cut at 1, which drew the
+    finalize band at about half its share."""
+    from lib.report import figures
+    shares = {"initial_share": 0.05, "draft_share": 0.25, "verify_share": 0.45, "finalize_share": 0.45}
+    agg = pd.DataFrame([{"draft": "dense", "schedule": s, "k_policy": "fixed", **shares}
+                        for s in ("ordinary", "pipelined")], index=["dense_ordinary", "dense_pipelined"])
+    agg.loc["dense_ordinary", "finalize_share"] = 0.25
+    drawn = {}
+    monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.setdefault("fig", fig))
+    figures.phase_shares(figures.by_schedule(agg), tmp_path / "phases.png")
+    axes = drawn["fig"].axes
+    ends = [max(p.get_x() + p.get_width() for p in ax.patches) for ax in axes]
+    assert ends == pytest.approx([1.0, 1.2])
+    assert all(ax.get_xlim()[1] >= 1.2 for ax in axes)                # every band inside the axis, one scale

@@ -79,9 +79,11 @@ def latency(micro: dict, path: Path) -> Path:
 
 def phase_shares(groups: dict, path: Path, note: str = "") -> Path:
     """Stacked shares of decode wall time per phase (each sample's initial step, then the rounds' phases), one panel
-    per schedule."""
+    per schedule. Phases that overlap (the pipelined schedule's finalize beside the next draft) sum past 1: the axis
+    reaches the longest stack, the wall time marked at 1."""
     fig, axes = panels(groups)
     colors = sns.color_palette("viridis", len(PHASES))
+    top = max(1.0, *(g[[p + "_share" for p in PHASES]].sum(axis=1).max() for g in groups.values()))
     for ax, (schedule, g) in zip(axes, groups.items()):
         left = np.zeros(len(g))
         for phase, color in zip(PHASES, colors):
@@ -89,7 +91,9 @@ def phase_shares(groups: dict, path: Path, note: str = "") -> Path:
             ax.barh(g.label, share, left=left, color=color, label=phase)
             left += share
         ax.invert_yaxis()
-        ax.set(title=schedule, xlabel="share of decode wall time", xlim=(0, 1))
+        if top > 1:
+            ax.axvline(1.0, color="k", ls="--", lw=1, label="wall time" if ax is axes[-1] else None)
+        ax.set(title=schedule, xlabel="share of decode wall time", xlim=(0, top))
     same_rows(axes, groups)
     axes[-1].legend(bbox_to_anchor=(1.01, 1), loc="upper left", fontsize=8)
     fig.suptitle(titled("Where decode time goes: each sample's initial step, then its rounds' phases", note),
