@@ -827,3 +827,17 @@ def test_phase_shares_show_every_phase_where_overlapping_phases_sum_past_the_wal
     ends = [max(p.get_x() + p.get_width() for p in ax.patches) for ax in axes]
     assert ends == pytest.approx([1.0, 1.2])
     assert all(ax.get_xlim()[1] >= 1.2 for ax in axes)                # every band inside the axis, one scale
+
+
+@pytest.mark.parametrize("source, says", [("synthetic", "synthetic pair: acceptance is artificial"),
+                                          ("pretrained", "real models")])
+def test_saved_tables_say_what_their_acceptance_is(tmp_path, source, says):
+    """tables.md shows acceptance and mean emitted (tables 4.5, 4.7-4.9) beside the thesis's: on a synthetic pair
+    they are artificial, and the file read on its own must say so (it named only the run and the commits)."""
+    profile = SimpleNamespace(name="p", out_dir=tmp_path, models=SimpleNamespace(source=source))
+    run = tmp_path / "runs" / "e2e-1"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"commit": "abc"}))
+    tab = pd.DataFrame([{"Mode": "Dense draft", "Source": "p", "Acceptance": 0.7}])
+    header = (report.save_tables({"4.5": tab}, profile, run) / "tables.md").read_text().split("## Table")[0]
+    assert says in header and "`runs/e2e-1` (commit abc)" in header

@@ -11,7 +11,7 @@ import pandas as pd
 from .. import modes
 from ..config import Profile, outputs_root, thesis_numbers
 from ..modes import DEFERRED, ORDINARY
-from .summary_json import run_source
+from .summary_json import acceptance_note, run_source
 
 
 def thesis_modes(schedule: str) -> list[str]:
@@ -169,14 +169,16 @@ def draft_path(agg: pd.DataFrame, theirs: dict, src: str) -> pd.DataFrame:
 
 
 def save_tables(tabs: dict[str, pd.DataFrame], profile: Profile, run: Path) -> Path:
-    """All tables in one markdown file (and one CSV each) under outputs/<profile>/tables/, naming the run."""
+    """All tables in one markdown file (and one CSV each) under outputs/<profile>/tables/, naming the run and what
+    its acceptance is (artificial on a synthetic pair)."""
     d = profile.out_dir / "tables"
     d.mkdir(parents=True, exist_ok=True)
     src = run_source(profile, run)
     micro = profile.out_dir / "microbench.json"
     stamp = json.loads(micro.read_text()).get("written", {}) if micro.exists() else {}
     md = [f"Profile `{profile.name}`; end-to-end tables from `{src['run']}` (commit {src['run_commit']}); "
-          f"microbenchmark tables (4.1-4.4) from microbench.json (commit {stamp.get('commit', 'not recorded')}).\n"]
+          f"microbenchmark tables (4.1-4.4) from microbench.json (commit {stamp.get('commit', 'not recorded')}). "
+          f"Acceptance and mean emitted: {acceptance_note(profile)}.\n"]       # the file is read on its own
     for name, tab in tabs.items():
         tab.to_csv(d / f"table_{name.replace('.', '_')}.csv", index=False)
         md.append(f"## Table {name}\n\n{tab.to_markdown(index=False, floatfmt='.4g')}\n")
