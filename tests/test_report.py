@@ -841,3 +841,20 @@ def test_saved_tables_say_what_their_acceptance_is(tmp_path, source, says):
     tab = pd.DataFrame([{"Mode": "Dense draft", "Source": "p", "Acceptance": 0.7}])
     header = (report.save_tables({"4.5": tab}, profile, run) / "tables.md").read_text().split("## Table")[0]
     assert says in header and "`runs/e2e-1` (commit abc)" in header
+
+
+def test_sampling_against_greedy_takes_temperature_zero_from_the_prompts_sampled():
+    """The sampling study samples the first prompts.side_prompts prompts (h100: 2 of 24; smollm2: 1 of 6), the
+    greedy run all of them: with the run's records, temperature 0 is the greedy run on the sampled prompts alone
+    (smollm2's dense_deferred: 0.197 there, 0.232 over all six, beside 0.230 sampled at temperature 1)."""
+    recs = [fake("dense_ordinary", "ordinary", 8, 100.0, [3, 3], 8, question_id=1, k_policy="fixed"),
+            fake("dense_ordinary", "ordinary", 8, 50.0, [1, 1, 1, 1], 16, question_id=2, k_policy="fixed")]
+    df = report.records_frame(recs)
+    agg = report.aggregate(df)
+    data = {"rows": [{"temperature": 1.0, "mode": "dense_ordinary", "draft": "dense", "acceptance": 0.5,
+                      "mean_emitted": 2.0, "decode_tok_s": 60.0}],
+            "samples": [{"temperature": 1.0, "mode": "dense_ordinary", "question_id": 1}]}
+    both = report.against_greedy(data, agg, df)
+    assert both.loc["dense_ordinary", ("acceptance", 0.0)] == pytest.approx(6 / 8)        # prompt 1's, not 10 / 24
+    assert both.loc["dense_ordinary", ("decode_tok_s", 0.0)] == pytest.approx(80.0)
+    assert both.loc["dense_ordinary", ("acceptance", 1.0)] == 0.5

@@ -8,6 +8,7 @@ import pandas as pd
 
 from .. import modes
 from ..config import Profile
+from .tables import aggregate as run_aggregate
 
 
 def aggregate(samples: list[dict]) -> list[dict]:
@@ -46,10 +47,15 @@ def sampled_rows(data: dict) -> list[dict]:
     return [r for r in data["rows"] if r.get("draft") not in modes.ADAPTIVE_DRAFTS]
 
 
-def against_greedy(data: dict, agg: pd.DataFrame) -> pd.DataFrame:
-    """Acceptance, mean emitted and decode tok/s per mode at temperature 0 (the greedy run's fixed-K modes,
-    `agg`) and at each sampling temperature (sampling.json's rows, sampled_rows), for the modes sampled."""
+def against_greedy(data: dict, agg: pd.DataFrame, df: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Acceptance, mean emitted and decode tok/s per mode at temperature 0 (the greedy run's fixed-K modes) and at
+    each sampling temperature (sampling.json's rows, sampled_rows), for the modes sampled. Temperature 0: with the
+    run's records `df`, the greedy run on the prompts the study sampled (its first prompts.side_prompts) pooled as
+    tables.aggregate pools; without them `agg`, the run over all its prompts."""
     samp = pd.DataFrame(sampled_rows(data))
+    sampled = {s["question_id"] for s in data.get("samples", [])}
+    if df is not None and sampled:                                       # the same prompts at every temperature
+        agg = run_aggregate(df[df.question_id.isin(sampled)])
     greedy = agg[agg.k_policy == modes.FIXED].reset_index(names="mode").assign(temperature=0.0)
     both = pd.concat([greedy, samp])[lambda d: d["mode"].isin(samp["mode"])]
     return both.pivot_table(index="mode", columns="temperature", values=["acceptance", "mean_emitted", "decode_tok_s"],

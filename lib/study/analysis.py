@@ -43,11 +43,12 @@ def optional_json(profile: Profile, name: str) -> dict | None:
     return read_json(profile, name) if (profile.out_dir / name).exists() else None
 
 
-def sampling_against_greedy(profile: Profile, agg: pd.DataFrame) -> pd.DataFrame | None:
+def sampling_against_greedy(profile: Profile, agg: pd.DataFrame, df: pd.DataFrame | None = None) -> pd.DataFrame | None:
     """sampling.json's acceptance, mean emitted and decode tok/s per mode and temperature beside the greedy run's
-    (temperature 0, `agg`); None without the sampling study."""
+    (temperature 0: with the run's records `df`, on the prompts the study sampled; else `agg`, all the run's
+    prompts); None without the sampling study."""
     data = optional_json(profile, "sampling.json")
-    return None if data is None else sampling_report.against_greedy(data, agg)
+    return None if data is None else sampling_report.against_greedy(data, agg, df)
 
 
 def adaptive_results(profile: Profile, run: Path) -> dict | None:
