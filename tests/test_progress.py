@@ -165,6 +165,14 @@ def test_headline_names_exact_match_throughput_and_acceptance_per_draft():
     assert headline({"e2e": {}}) == []
 
 
+def test_headline_names_the_card_its_end_to_end_numbers_ran_on():
+    """summary.json's `device` is notebook 02's card (microbench.json); the headline's tok/s are the e2e run's, which
+    may have run on another card (a run reused, notebook 02 re-run elsewhere): the headline names the run's card."""
+    lines = headline({**SUMMARY, "device": "NVIDIA H100 80GB HBM3", "run_device": "NVIDIA H200"})
+    assert lines[0] == "headline (p, NVIDIA H200):"
+    assert headline(SUMMARY)[0] == "headline (p, cpu):"                # summaries made before run_device
+
+
 def test_headline_names_an_engine_whose_fused_step_fell_back():
     why = "fused step off the reference: relative error 0.173 > 0.15"
     lines = headline({**SUMMARY, "run_bodies": {"target": "reference", "dense": "fused", "flash": f"reference ({why})"}})

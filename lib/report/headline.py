@@ -14,7 +14,8 @@ def headline(summary: dict) -> list[str]:
     spec = {m: r for m, r in e2e.items() if m in PARTS}
     if not spec:
         return []
-    lines = [f"headline ({summary.get('profile')}, {summary.get('device')}):"]
+    card = summary.get("run_device") or summary.get("device")         # the e2e run's card, not notebook 02's
+    lines = [f"headline ({summary.get('profile')}, {card}):"]
     if summary.get("acceptance_note"):
         lines.append(f"  {summary['acceptance_note']}")
     exact = {m: r["exact_match_rate"] for m, r in spec.items() if r.get("exact_match_rate") is not None}
