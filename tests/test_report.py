@@ -858,3 +858,17 @@ def test_sampling_against_greedy_takes_temperature_zero_from_the_prompts_sampled
     assert both.loc["dense_ordinary", ("acceptance", 0.0)] == pytest.approx(6 / 8)        # prompt 1's, not 10 / 24
     assert both.loc["dense_ordinary", ("decode_tok_s", 0.0)] == pytest.approx(80.0)
     assert both.loc["dense_ordinary", ("acceptance", 1.0)] == 0.5
+
+
+def test_acceptance_interval_resamples_prompts_and_needs_two_of_them():
+    """The bootstrap interval of acceptance per group resamples prompts: the iterations of one prompt repeat its greedy
+    tokens, so they are one draw (resampled as samples, three iterations of two prompts gave 0.33-0.67, not the
+    0.25-0.75 two prompts allow). One prompt gives no interval (smollm2's one prompt a group showed 0.197-0.197)."""
+    recs = [fake("dense_ordinary", "ordinary", 8, 10.0, lens, 8, question_id=q, iteration=it, group=group)
+            for it in range(3) for q, lens, group in ((1, [3, 3], "qa"), (2, [1, 1], "qa"), (3, [2, 2], "math"))]
+    t = report.acceptance_by_group(report.records_frame(recs))
+    qa, math_, every = (t.loc[("dense_ordinary", g)] for g in ("qa", "math", "all"))
+    assert qa.samples == 6 and qa.acceptance == pytest.approx(0.5)
+    assert (qa.ci_low, qa.ci_high) == pytest.approx((0.25, 0.75))
+    assert math_.acceptance == pytest.approx(0.5) and math.isnan(math_.ci_low) and math.isnan(math_.ci_high)
+    assert every.ci_low == pytest.approx(0.25) and every.ci_high == pytest.approx(0.75)

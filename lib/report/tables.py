@@ -104,17 +104,20 @@ def kernel_of(draft: str, kernels: dict | None) -> str:
 
 def acceptance_by_group(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Acceptance (accepted / proposed, pooled) and mean emitted per speculative mode and prompt group, with
-    a 95% bootstrap interval over samples (a sample's rounds are not independent draws), and over all groups."""
+    a 95% bootstrap interval over prompts (a sample's rounds are not independent draws, nor are the iterations of
+    one prompt: greedy decoding repeats its tokens), none from a single prompt, and over all groups."""
     rng = np.random.default_rng(seed)
     rows = []
     spec = df[df["mode"] != modes.BASELINE]
     for (mode, group), g in list(spec.groupby(["mode", "group"], sort=False)) + \
             [((m, "all"), g) for m, g in spec.groupby("mode", sort=False)]:
-        acc, prop = g.accepted.to_numpy(float), g.proposed.to_numpy(float)
-        idx = rng.integers(0, len(g), (n_boot, len(g)))
+        per = g.groupby("question_id", sort=False)[["accepted", "proposed"]].sum()      # one draw a prompt
+        acc, prop = per.accepted.to_numpy(float), per.proposed.to_numpy(float)
+        idx = rng.integers(0, len(per), (n_boot, len(per)))
         boot = acc[idx].sum(1) / np.maximum(prop[idx].sum(1), 1)
+        low, high = np.percentile(boot, [2.5, 97.5]) if len(per) > 1 else (np.nan, np.nan)
         rows.append({"mode": mode, "group": group, "samples": len(g), "acceptance": acc.sum() / max(prop.sum(), 1),
-                     "ci_low": np.percentile(boot, 2.5), "ci_high": np.percentile(boot, 97.5),
+                     "ci_low": low, "ci_high": high,
                      "mean_emitted": (g.accepted.sum() + g.rounds.sum()) / max(g.rounds.sum(), 1)})
     return pd.DataFrame(rows).set_index(["mode", "group"])
 
