@@ -872,3 +872,22 @@ def test_acceptance_interval_resamples_prompts_and_needs_two_of_them():
     assert (qa.ci_low, qa.ci_high) == pytest.approx((0.25, 0.75))
     assert math_.acceptance == pytest.approx(0.5) and math.isnan(math_.ci_low) and math.isnan(math_.ci_high)
     assert every.ci_low == pytest.approx(0.25) and every.ci_high == pytest.approx(0.75)
+
+
+def test_side_by_side_names_the_card_each_end_to_end_run_ran_on(tmp_path, monkeypatch):
+    """Another profile's column carries its e2e run's card (summary.json's run_device), not notebook 02's."""
+    from lib.config import load_profile
+    from lib.report.thesis import side_by_side
+    monkeypatch.setenv("STUDY_OUTPUTS", str(tmp_path))
+    (tmp_path / "other").mkdir()
+    e2e = {modes.BASELINE: {"decode_tok_s": 10.0, "acceptance": None, "draft_share": None}}
+    (tmp_path / "other" / "summary.json").write_text(json.dumps(
+        {"device": "card of notebook 02", "run_device": "card of the e2e run", "e2e": e2e}))
+    (tmp_path / "older").mkdir()                                     # a summary from before run_device
+    (tmp_path / "older" / "summary.json").write_text(json.dumps({"device": "its only card", "e2e": e2e}))
+    agg = pd.DataFrame({"decode_tok_s": [20.0], "acceptance": [None], "draft_share": [None]}, index=[modes.BASELINE])
+    tab = side_by_side(load_profile("smoke"), agg, "this run's card", ["other", "older", "missing"])
+    assert tab.loc[modes.BASELINE, ("smoke", "device")] == "this run's card"
+    assert tab.loc[modes.BASELINE, ("other", "device")] == "card of the e2e run"
+    assert tab.loc[modes.BASELINE, ("older", "device")] == "its only card"
+    assert tab.loc[modes.BASELINE, ("other", "decode tok/s")] == 10.0 and ("missing", "device") not in tab

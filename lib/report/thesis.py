@@ -39,7 +39,8 @@ def thesis_consistency(k: int = 6, max_new: int = 64) -> pd.DataFrame:
 
 def side_by_side(profile: Profile, agg: pd.DataFrame, device: str, others: list[str]) -> pd.DataFrame:
     """Decode tok/s and acceptance per mode, this profile's beside other profiles' (from their summary.json,
-    where it exists). Compare timings only between columns whose device names the same card."""
+    where it exists), each beside the card its end-to-end run ran on (`device`: this profile's). Compare timings
+    only between columns whose device names the same card."""
     shown = {"decode tok/s": "decode_tok_s", "acceptance": "acceptance", "draft share": "draft_share"}
     cols = {(profile.name, "device"): {m: device for m in agg.index},
             **{(profile.name, col): agg[key].to_dict() for col, key in shown.items()}}
@@ -47,7 +48,8 @@ def side_by_side(profile: Profile, agg: pd.DataFrame, device: str, others: list[
         path = outputs_root() / name / "summary.json"
         if path.exists():
             s = json.loads(path.read_text())
-            cols[(name, "device")] = {m: s["device"] for m in s["e2e"]}
+            card = s.get("run_device") or s["device"]          # the e2e run's card (older summaries: notebook 02's)
+            cols[(name, "device")] = {m: card for m in s["e2e"]}
             cols.update({(name, col): {m: r.get(key) for m, r in s["e2e"].items()} for col, key in shown.items()})
     df = pd.DataFrame(cols)
     return df.reindex([m for m in modes.LABELS if m in df.index])
