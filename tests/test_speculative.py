@@ -311,6 +311,16 @@ def test_grow_policy_follows_hugging_faces_rule():
     assert seen == [5, 7, 6, 5, 7]                                       # +2 on full acceptance, -1 otherwise
 
 
+def test_grow_policy_starts_at_one_block_at_least(pair, heads, baselines):
+    # GrowK(0, ...) proposed nothing in every round (its update skips rounds of no proposal), and GrowK(-1, ...)
+    # crashed in the draft: its K is kept in 1..k_max from the start, as after every update
+    from lib.engine.blocks import GrowK
+    assert [GrowK(k, 6).next() for k in (-1, 0, 1, 9)] == [1, 1, 1, 6]
+    res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D),
+                               Request(prompt_of(7), MAX_NEW, "ordinary", GrowK(0, 6)))
+    assert res.tokens == baselines[7].tokens and all(b >= 1 for b in res.block_lengths[:-1])
+
+
 def test_cost_policy_grows_k_with_acceptance():
     from lib.engine.blocks import CostK
     low, high = CostK(4, 7, COSTS, "deferred"), CostK(4, 7, COSTS, "deferred")

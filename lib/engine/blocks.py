@@ -34,7 +34,7 @@ class GrowK(FixedK):
     varies: ClassVar[bool] = True
 
     def __init__(self, k: int, k_max: int):
-        self.k, self.k_max = min(k, k_max), k_max
+        self.k, self.k_max = max(min(k, k_max), 1), k_max                  # in 1..k_max, as after update
 
     def update(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
