@@ -212,6 +212,17 @@ def test_impossible_arguments_are_refused(pair, heads, max_new, k, n, match):
                              Request(prompt_of(n), max_new, "ordinary", k))
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_draft_cache_too_short_is_refused_before_any_work(pair, heads, schedule):
+    # (the draft's runner raised "KV cache of 12 positions cannot hold 13" mid-generation, after the prefill)
+    target, calls = target_of(pair), []
+    prefill = target.runner.prefill
+    target.runner.prefill = lambda ids: calls.append(ids) or prefill(ids)
+    with pytest.raises(ValueError, match="cache positions; the runner holds 12"):
+        generate_speculative(target, make_draft(pair[1], heads["dense"], 12), Request(prompt_of(5), 20, schedule, 4))
+    assert not calls
+
+
 @pytest.mark.parametrize("max_new,n,match", [(0, 7, "max_new must be >= 1"), (8, MAX_LEN, "cache positions")])
 def test_baseline_refuses_impossible_arguments(pair, max_new, n, match):
     with pytest.raises(ValueError, match=match):

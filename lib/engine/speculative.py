@@ -134,7 +134,7 @@ def generate_speculative(target: Target, draft: Draft, request: Request) -> Resu
     """Speculative decoding of the request (lib/engine/rounds.py): greedy, equal to target greedy decoding,
     or speculative sampling, distributed as target sampling. The draft's hooks (adaptive drafts) record
     what it chose in the result."""
-    request.check_cache(target.runner.max_len)
+    request.check_cache(min(target.runner.max_len, draft.runner.max_len))     # both caches, before any work
     rule, clock = rule_for(request), target.runner.clock
     draft.use_clock(clock)
     t0 = time.perf_counter()
