@@ -191,12 +191,33 @@ def runs_of(out_dir: Path, name: str = "e2e") -> list[Path]:
                   key=run_order_key)
 
 
-def latest_run(out_dir: Path, name: str = "e2e") -> Path:
-    """The finished run that finished last (by the time written in DONE, not file times)."""
+def latest_run(out_dir: Path, name: str = "e2e", profile: Profile | None = None) -> Path:
+    """The finished run that finished last (by the time written in DONE, not file times). Given the profile, the
+    last of those run with its end-to-end settings: notebook 03 reuses a finished run of them, which a run of other
+    settings may have outlasted; where none was (a result set measured before a setting was added), the last."""
     runs = [p for p in runs_of(out_dir, name) if finished(p)]
     if not runs:
         raise FileNotFoundError(f"no finished {name} run under {out_dir}/runs: run notebook 03 first")
+    if profile is not None:
+        ours = e2e_settings({"profile": as_dict(profile)})["profile"]
+        runs = [p for p in runs if e2e_settings(read_config(p))["profile"] == ours] or runs
     return max(runs, key=lambda p: (finish_time(p), run_order_key(p)))
+
+
+def read_config(run: Path) -> dict:
+    return json.loads((Path(run) / "config.json").read_text())
+
+
+SIDE_SETTINGS = ("peers", "sampling", "side_studies")          # a profile's settings that only the side studies read
+
+
+def e2e_settings(config: dict) -> dict:
+    """A run configuration (config.json: profile, device, prompts) less the profile's settings that only the side
+    studies read: what its end-to-end samples depend on."""
+    c = json.loads(json.dumps(config, default=str))
+    profile = {k: v for k, v in c.get("profile", {}).items() if k not in SIDE_SETTINGS}
+    profile["prompts"] = {k: v for k, v in profile.get("prompts", {}).items() if k not in ("side_prompts", "side_studies")}
+    return {**c, "profile": profile}
 
 
 def read_records(run: Path) -> list[dict]:

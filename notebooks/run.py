@@ -39,7 +39,8 @@ from tidy import tidy  # noqa: E402 - notebooks/tidy.py, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from lib.config import Prompts, merged, profile_files, read_yaml  # noqa: E402 - profiles (no model code)
+from lib.config import (ConfigError, Prompts, load_profile, merged, profile_files,  # noqa: E402 - profiles (no model code)
+                        read_yaml)
 from lib.prompts import profile_prompt_file  # noqa: E402 - which prompt file a profile reads
 from lib.results import latest_run  # noqa: E402 - the run notebook 04 analyses
 from watch import Watch, duration  # noqa: E402 - notebooks/watch.py, beside this file
@@ -109,19 +110,27 @@ def dependencies(root: Path, profile: str, notebook: Path, out: Path, earlier: l
 def report_inputs(root: Path, files: list[Path], out: Path) -> dict:
     """sha256 of what the analysis notebook reads besides this profile's results and code (None where missing):
     the thesis's published tables (lib.config.thesis_numbers), the summary.json of each profile under
-    compare_with (beside this profile's outputs) and the run it analyses, the latest finished e2e run (one made
-    or put back without notebook 03, by a script or git, is a new input too)."""
+    compare_with (beside this profile's outputs) and the run it analyses, the latest finished e2e run of the
+    profile's settings (one made or put back without notebook 03, by a script or git, is a new input too)."""
     others = profile_data(files).get("compare_with")
     paths = {"params/thesis_tables.yaml": root / "params" / "thesis_tables.yaml",
              **{f"{o}/summary.json": out.parent / o / "summary.json"
                 for o in (others if isinstance(others, list) else []) if isinstance(o, str) and o != out.name}}
     inputs = {name: sha256(p) if p.is_file() else None for name, p in paths.items()}
     try:
-        run = latest_run(out)
+        run = latest_run(out, profile=typed_profile(files))
         inputs["the analysed run"] = f"{run.name} {sha256(run / 'samples.jsonl')}"
     except FileNotFoundError:
         inputs["the analysed run"] = None
     return inputs
+
+
+def typed_profile(files: list[Path]):
+    """The profile as notebook 04 reads it, or None where it does not load (preflight refuses it)."""
+    try:
+        return load_profile(str(files[0]))
+    except ConfigError:
+        return None
 
 
 def profile_data(files: list[Path]) -> dict:

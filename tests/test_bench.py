@@ -204,6 +204,28 @@ def test_latest_run_many_in_the_same_second(tmp_path, same_second):
     assert results.latest_run(tmp_path) == runs[-1]
 
 
+# Formerly a bug (latest_run): notebook 03 reuses a finished run of the profile's settings, but notebook 04 analysed
+# the run that finished last, whatever its settings: a profile run at K = 3, then K = 4, then K = 3 again reported the
+# K = 4 run's numbers in its summary.json and tables under K = 3.
+def test_the_analysed_run_is_the_latest_of_the_profiles_settings(tmp_path, monkeypatch):
+    from dataclasses import replace
+    from lib.config import as_dict, load_profile
+    from lib.study import analysis
+    monkeypatch.setenv("STUDY_OUTPUTS", str(tmp_path))
+    p = load_profile("smoke")
+    ours = runs_lib.new_run(p.out_dir, {"profile": as_dict(p)})
+    runs_lib.mark_finished(ours)
+    other = replace(p, decode=replace(p.decode, k=p.decode.k + 1))
+    theirs = runs_lib.new_run(p.out_dir, {"profile": as_dict(other)})
+    runs_lib.mark_finished(theirs)                                       # finished last
+    assert results.latest_run(p.out_dir) == theirs
+    assert analysis.latest_run(p.out_dir) == ours                        # what notebook 04 calls
+    assert results.latest_run(p.out_dir, profile=p) == ours
+    side = replace(p, sampling=replace(p.sampling, temperatures=[0.7]))  # side-study settings: same samples
+    assert results.latest_run(p.out_dir, profile=side) == ours
+    assert results.latest_run(p.out_dir, profile=replace(p, seed=1)) == theirs   # none of its settings: the last
+
+
 def test_kernel_kinds_name_hopper_gemms_and_compiled_fusions():
     from lib.bench import kernel_kind
     assert kernel_kind("nvjet_sm90_hsh_64x8_64x16_4x1_v_bz_TNT") == "GEMV/GEMM"

@@ -231,7 +231,7 @@ def adaptive_study(profile: Profile, target_model=None, n_prompts: int | None = 
     reg = regret(stats, list(drafts[modes.BANDIT_UCB].arms))
     rows = study_rows(stats, reg, k_policies)
     try:
-        run = results.latest_run(profile.out_dir)
+        run = results.latest_run(profile.out_dir, profile=profile)
         rows += run_rows(run)
     except FileNotFoundError:
         run = None                                                               # no end-to-end run yet

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import modes
-from ..config import Profile
+from .. import modes, results
+from ..config import Profile, load_profile
 from ..report import sampling as sampling_report
 from ..report.peers import table as peers_table
 from ..report.tables import aggregate, first_difference, records_frame, run_kernels
@@ -26,9 +26,14 @@ from ..report.tables import (acceptance_by_group, adaptive_tables, block_policie
                              divergence_points, identities, overlap)
 from ..report.micro import head_memory_table  # noqa: F401
 from ..report.thesis import e2e_tables, micro_tables, save_tables, side_by_side, thesis_consistency  # noqa: F401
-from ..results import latest_run  # noqa: F401
 from .adaptive import E2E_SOURCE, run_rows
 from .common import setup  # noqa: F401
+
+
+def latest_run(out_dir: Path) -> Path:
+    """The run notebook 04 analyses: the last finished one of the end-to-end settings of the profile whose results
+    out_dir holds (outputs/<profile>/), the run notebook 03 made or reused (results.latest_run)."""
+    return results.latest_run(out_dir, profile=load_profile(Path(out_dir).name))
 
 
 def run_frames(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import modes
 from ..engine.blocks import make_policy
 from ..config import Profile, as_dict
-from ..results import clean_commit, finished, git_commit, now, read_records, runs_of, write_whole
+from ..results import clean_commit, e2e_settings, finished, git_commit, now, read_records, runs_of, write_whole
 from ..progress import note, steps
 from ..engine.speculative import Request, Result, generate_baseline, generate_speculative
 
@@ -65,13 +65,7 @@ def run_config(profile: Profile, prompt_ids: list[int], device: dict) -> dict:
 def config_differences(saved: dict, config: dict) -> list[str]:
     """What differs between a run's saved configuration and `config` among what the end-to-end samples depend
     on: the profile (less the side studies' settings), the devices and the prompts."""
-    def e2e_part(c: dict) -> dict:
-        c = json.loads(json.dumps(c, default=str))
-        side = {k: v for k, v in c["profile"].items() if k not in ("peers", "sampling")}
-        side.pop("side_studies", None)
-        side["prompts"] = {k: v for k, v in side.get("prompts", {}).items() if k not in ("side_prompts", "side_studies")}
-        return {**c, "profile": side}
-    a, b = e2e_part(saved), e2e_part(config)
+    a, b = e2e_settings(saved), e2e_settings(config)
     return [k for k in ("profile", "device", "prompts") if a.get(k) != b.get(k)]
 
 
