@@ -2,6 +2,8 @@
 validate): each broken rule is a ConfigError naming the file and the setting."""
 from __future__ import annotations
 
+import re
+
 from . import modes
 
 
@@ -62,6 +64,9 @@ def validate(p, where: str) -> None:
         if not cond:
             raise ConfigError(f"{where}: {msg}")
     need(p.dtype in ("float32", "bfloat16", "float16"), f"dtype must be float32, bfloat16 or float16, got {p.dtype!r}")
+    for key in ("target_device", "draft_device"):                 # torch.device would stop preflight, naming neither
+        dev = getattr(p, key)
+        need(re.fullmatch(r"cpu|cuda(:\d+)?", dev) is not None, f"{key} must be cpu, cuda or cuda:<index>, got {dev!r}")
     for rules in (models, clustering, decode, other, adaptive):
         rules(p, need)
     sampling(p.sampling, need)

@@ -246,6 +246,14 @@ def test_no_schedule_is_refused(tmp_path, smoke_data):
     assert "decode.schedules must be a non-empty subset of" in load_error(tmp_path, smoke_data)
 
 
+# Formerly a bug: a device torch cannot parse (target_device: gpu) passed the profile's checks, and preflight stopped
+# with a traceback whose last line (RuntimeError: Expected one of cpu, cuda, ipu, ...) named neither key nor file.
+@pytest.mark.parametrize("key,value", [("target_device", "gpu"), ("draft_device", "cuda:x"), ("draft_device", "mps")])
+def test_a_device_other_than_cpu_or_cuda_is_refused(tmp_path, smoke_data, key, value):
+    smoke_data[key] = value
+    assert f"{key} must be cpu, cuda or cuda:<index>, got {value!r}" in load_error(tmp_path, smoke_data)
+
+
 @pytest.mark.parametrize("mutate,word", [
     (lambda d: d.update(dtype="float64"), "dtype"),
     (lambda d: d["models"].update(source="hub"), "models.source"),
