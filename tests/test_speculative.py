@@ -212,6 +212,26 @@ def test_impossible_arguments_are_refused(pair, heads, max_new, k, n, match):
                              Request(prompt_of(n), max_new, "ordinary", k))
 
 
+@pytest.mark.parametrize("schedule", ["ordinary", "deferred", "pipelined"])
+def test_a_request_that_fills_both_caches_exactly_keeps_greedy_output(pair, heads, schedule, monkeypatch):
+    # prompt + max_new == max_len: every write (verify batches, blocks and appends launched ahead at positions counted
+    # on the device, K past what is left) stays inside both caches; one token more is refused
+    monkeypatch.setattr(rounds, "AHEAD_DEVICES", ("cuda", "cpu"))
+    from lib.engine.blocks import GrowK
+    same = (pair[0], DenseHead(pair[0].get_output_embeddings().weight))             # accepts every proposal
+    for n, max_new in ((1, 9), (7, 6), (1, 20)):
+        target = make_target(pair[0], n + max_new)
+        want = generate_baseline(target, Request(prompt_of(n), max_new)).tokens
+        for k in (1, 2, 4, 8, "grow"):
+            for model, head in ((pair[1], heads["dense"]), (pair[1], heads["flash_2"]), same):
+                res = generate_speculative(target, make_draft(model, head, n + max_new), Request(
+                    prompt_of(n), max_new, schedule, GrowK(2, 8) if k == "grow" else k))
+                assert res.tokens == want, (n, k, head)
+        with pytest.raises(ValueError, match="cache positions"):
+            generate_speculative(target, make_draft(pair[1], heads["dense"], n + max_new),
+                                 Request(prompt_of(n), max_new + 1, schedule, 2))
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_a_draft_cache_too_short_is_refused_before_any_work(pair, heads, schedule):
     # (the draft's runner raised "KV cache of 12 positions cannot hold 13" mid-generation, after the prefill)
