@@ -53,6 +53,7 @@ QUIET_ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFOR
 BOOKKEEPING = (".stamps", ".logs")                  # the driver's own files under outputs/PROFILE/, never results
 LIB_SOURCES = (".py", ".cu")                        # lib/'s code: Python, and the CUDA kernels it builds
 ANALYSIS = "04_analysis"                            # the report: the one notebook that reads report_inputs
+LAUNCHERS = ("local", "slurm", "submitit-local")    # what lib/study/speculative.py: run_speculative takes
 
 
 def outputs_root() -> Path:
@@ -341,9 +342,12 @@ def closing_summary(out: Path, took: dict[str, float | None]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Run the study's notebooks for one profile (make reproduce).")
     ap.add_argument("profile", help="params/<profile>.yaml")
-    ap.add_argument("--launcher", default="local", help="notebook 03: local or slurm")
+    ap.add_argument("--launcher", default="local", help="notebook 03: local, slurm or submitit-local")
     ap.add_argument("--fresh", action="store_true", help="ignore stamps, run every notebook, start a new e2e run")
     args = ap.parse_args(argv)
+    if args.launcher not in LAUNCHERS:                  # else notebooks 01-02 ran first and 03 refused it
+        print(f"error: unknown launcher {args.launcher!r}: use {', '.join(LAUNCHERS[:-1])} or {LAUNCHERS[-1]}")
+        sys.exit(2)
     profile = Path(args.profile).stem if args.profile.endswith(".yaml") else args.profile   # params/<profile>.yaml
     absolute_roots()
     preflight(profile)

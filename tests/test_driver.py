@@ -218,6 +218,19 @@ def test_a_profile_given_as_its_file_runs_under_its_name(repo, monkeypatch):
     assert driver.main(["params/p.yaml"]) == 0 and ran == ["p", "p"]
 
 
+# Formerly a bug: an unknown launcher (make reproduce LAUNCHER=bogus) ran notebooks 01 and 02, then stopped in
+# notebook 03 (ValueError: unknown launcher 'bogus'), leaving a failed notebook.
+def test_an_unknown_launcher_stops_in_one_line_before_any_notebook(repo, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(driver, "preflight", ran.append)
+    monkeypatch.setattr(driver, "run_all", lambda *a: ran.append(a) or 0)
+    with pytest.raises(SystemExit) as e:
+        driver.main(["p", "--launcher", "bogus"])
+    assert e.value.code == 2 and ran == []
+    out = capsys.readouterr()
+    assert out.out + out.err == "error: unknown launcher 'bogus': use local, slurm or submitit-local\n"
+
+
 def test_preflight_failure_stops_before_any_output(repo, monkeypatch, capsys):
     monkeypatch.setattr(driver, "PREFLIGHT", [sys.executable, "-c",
                                               "import sys; print('error: no GPU for', sys.argv[1]); sys.exit(2)"])
