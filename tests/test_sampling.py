@@ -87,6 +87,29 @@ def test_temperature_to_zero_is_greedy(engines, schedule):
             assert run(temperature=1e-5, seed=1) == greedy
 
 
+@pytest.mark.parametrize("max_new", [2, 3])
+def test_a_few_new_tokens_with_a_block_longer_than_them(engines, max_new):
+    # K past what is left: a last round with no room proposes nothing and draws its token from the pending p (no
+    # verify call, none skipped) where one is known, from a one-token verify where it is not (deferred)
+    target, drafts = engines
+    for name, draft in drafts.items():
+        for seed in range(4):
+            base = generate_baseline(target, Request(PROMPTS[0], max_new, temperature=1.0, seed=seed)).tokens
+            run = lambda s: generate_speculative(target, draft, Request(PROMPTS[0], max_new, s, 8, temperature=1.0,
+                                                                        seed=seed))
+            runs = {s: run(s) for s in ("ordinary", "pipelined", "deferred")}
+            for schedule, res in runs.items():
+                lens, blocks = res.accepted_lengths, res.block_lengths
+                assert len(res.tokens) == max_new and res.tokens[0] == base[0], (name, seed, schedule)
+                assert res.decode_tokens == sum(a + 1 for a in lens) and res.accepted == sum(lens) <= res.proposed
+                emitted = [1 + sum(a + 1 for a in lens[:i]) for i in range(len(lens))]
+                assert blocks == [max_new - e - 1 for e in emitted]                  # K cut to what is left
+                made = res.verify_calls + res.skipped
+                assert made == (sum(b > 0 for b in blocks) if schedule != "deferred" else res.rounds - (blocks[0] == 0))
+                assert res.append_calls == (res.rounds if schedule != "deferred" else 1)
+            assert runs["pipelined"].tokens == runs["ordinary"].tokens
+
+
 # the pieces
 
 def test_flash_proposal_lives_on_the_drawn_clusters(engines, draft_clustering):
