@@ -39,8 +39,8 @@ from tidy import tidy  # noqa: E402 - notebooks/tidy.py, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from lib.config import (ConfigError, Prompts, load_profile, merged, profile_files,  # noqa: E402 - profiles (no model code)
-                        read_yaml)
+from lib.config import (ConfigError, Prompts, known_profiles, load_profile, merged,  # noqa: E402 - profiles (no model code)
+                        profile_files, read_yaml)
 from lib.prompts import profile_prompt_file  # noqa: E402 - which prompt file a profile reads
 from lib.results import latest_run  # noqa: E402 - the run notebook 04 analyses
 from watch import Watch, duration  # noqa: E402 - notebooks/watch.py, beside this file
@@ -341,10 +341,13 @@ def closing_summary(out: Path, took: dict[str, float | None]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Run the study's notebooks for one profile (make reproduce).")
-    ap.add_argument("profile", help="params/<profile>.yaml")
+    ap.add_argument("profile", nargs="?", default="", help="params/<profile>.yaml")   # PROFILE= gives none
     ap.add_argument("--launcher", default="local", help="notebook 03: local, slurm or submitit-local")
     ap.add_argument("--fresh", action="store_true", help="ignore stamps, run every notebook, start a new e2e run")
     args = ap.parse_args(argv)
+    if not args.profile:
+        print(f"error: no profile given: make reproduce PROFILE=<profile>, one of {known_profiles()}")
+        sys.exit(2)
     if args.launcher not in LAUNCHERS:                  # else notebooks 01-02 ran first and 03 refused it
         print(f"error: unknown launcher {args.launcher!r}: use {', '.join(LAUNCHERS[:-1])} or {LAUNCHERS[-1]}")
         sys.exit(2)

@@ -231,6 +231,18 @@ def test_an_unknown_launcher_stops_in_one_line_before_any_notebook(repo, monkeyp
     assert out.out + out.err == "error: unknown launcher 'bogus': use local, slurm or submitit-local\n"
 
 
+# `make reproduce PROFILE=` passes no profile: argparse's usage line and "run.py: error: the following arguments are
+# required: profile" named neither the make variable nor a profile to give.
+def test_no_profile_stops_in_one_line_naming_the_make_variable(repo, capsys):
+    with pytest.raises(SystemExit) as e:
+        driver.main(["--launcher", "local"])
+    assert e.value.code == 2
+    out = capsys.readouterr()
+    assert out.err == "" and out.out.count("\n") == 1
+    assert out.out.startswith("error: no profile given: make reproduce PROFILE=<profile>") and "'smoke'" in out.out
+    assert not (repo / "out").exists()
+
+
 def test_preflight_failure_stops_before_any_output(repo, monkeypatch, capsys):
     monkeypatch.setattr(driver, "PREFLIGHT", [sys.executable, "-c",
                                               "import sys; print('error: no GPU for', sys.argv[1]); sys.exit(2)"])
