@@ -306,6 +306,19 @@ def test_a_first_token_that_ends_the_generation_costs_no_call(pair, heads, basel
         assert res.rounds == res.verify_calls == res.proposed == 0 and not res.spans_ms.get("initial")
 
 
+def test_stop_tokens_given_as_a_tensor_stop_the_generation(pair, heads, baselines):
+    # (a frozenset of 0-dim tensors hashes them by identity: no emitted id was ever found in it, so neither target-only
+    # nor speculative decoding stopped)
+    import numpy as np
+    base = baselines[30].tokens
+    for stop in (torch.tensor([base[5], VOCAB + 1]), np.array([base[5]]), [torch.tensor(base[5])]):
+        assert Request(prompt_of(30), MAX_NEW, stop=stop).stop >= {base[5]}
+        for run in (lambda r: generate_baseline(target_of(pair), r),
+                    lambda r: generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D), r)):
+            res = run(Request(prompt_of(30), MAX_NEW, "deferred", 4, stop))
+            assert res.tokens == base[:base.index(base[5]) + 1] and res.stopped
+
+
 def test_no_stop_token_runs_to_max_new(pair, heads, baselines):
     res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D),
                                Request(prompt_of(30), MAX_NEW, "ordinary", 4, frozenset({VOCAB + 5})))

@@ -34,7 +34,7 @@ class Request:
 
     def __post_init__(self):
         object.__setattr__(self, "prompt", tuple(self.prompt))               # frozen: held as tuple and frozenset
-        object.__setattr__(self, "stop", frozenset(self.stop))
+        object.__setattr__(self, "stop", frozenset(int(t) for t in self.stop))  # ints: a tensor hashes by identity
         need(len(self.prompt) >= 1, "a request needs at least 1 prompt token")
         need(isinstance(self.max_new, Integral), f"max_new must be an integer, got {self.max_new!r}")
         object.__setattr__(self, "max_new", int(self.max_new))
