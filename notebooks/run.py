@@ -231,6 +231,14 @@ def write_stamp(out: Path, name: str, deps: dict | None, before: dict[str, int] 
     os.replace(tmp, stamp)
 
 
+def mark_started(out: Path, name: str) -> None:
+    """The stamp of a run under way: never up to date, and read as a run that did not finish where the driver is
+    killed before it writes another (kill, a time limit's SIGTERM)."""
+    stamp = stamp_path(out, name)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps({"results": {}, "started": datetime.now(timezone.utc).isoformat()}, indent=1))
+
+
 @contextlib.contextmanager
 def kernel_output_to(log: Path):
     """The kernel inherits this process's stdout and stderr descriptors: point them at `log` while it runs (C++
@@ -270,7 +278,7 @@ def execute(notebook: Path, out: Path, parameters: dict) -> tuple[str, Path] | N
     (error line, failed notebook) and leave the previous executed notebook untouched."""
     name = notebook.stem
     staging, failed = out / f"{name}.running.ipynb", out / f"{name}.failed.ipynb"
-    stamp_path(out, name).unlink(missing_ok=True)        # half-written results are never up to date
+    mark_started(out, name)                              # half-written results are never up to date
     failed.unlink(missing_ok=True)
     log = out / ".logs" / f"{name}.log"
     log.unlink(missing_ok=True)

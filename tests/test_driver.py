@@ -189,6 +189,20 @@ def test_a_lib_change_is_named(wrote, repo, capsys):
     assert rerun_lines(repo, capsys)[0] == "01_w: running (lib/a.py changed)"
 
 
+# Formerly a bug: a driver killed inside a notebook (kill, a time limit's SIGTERM: no Python code runs after it) had
+# removed the notebook's stamp, so the next run said "running (no record of an earlier run here)" while notebook 03
+# resumed the killed run's samples.
+def test_a_notebook_whose_run_was_killed_says_so_when_it_runs_again(wrote, repo, capsys, monkeypatch):
+    (repo / "lib" / "a.py").write_text("x = 2\n")
+    with monkeypatch.context() as m:
+        m.setattr(driver.papermill, "execute_notebook", lambda *a, **k: sys.exit("killed"))   # nothing after it runs
+        with pytest.raises(SystemExit):
+            driver.run_all("p", "local", fresh=False, root=repo)
+    capsys.readouterr()
+    assert rerun_lines(repo, capsys) == ["01_w: running (its last run did not finish)",
+                                         "02_w: running (lib/a.py changed)"]
+
+
 def test_a_later_notebook_that_fails_after_rewriting_a_result_leaves_the_earlier_one_current(wrote, repo, capsys):
     # 02 rewrites 01's shared.json, then fails (Ctrl-C in notebook 03 after it updated 02's step breakdown, say):
     # only 02 runs again
