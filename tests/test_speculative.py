@@ -258,6 +258,24 @@ def test_a_request_of_the_wrong_type_is_refused_in_one_line(kw, match):
         Request(prompt_of(7), **{"max_new": 8, "schedule": "ordinary", **kw})
 
 
+def test_a_prompt_that_is_not_a_flat_list_of_token_ids_is_refused_in_one_line():
+    # (Hugging Face's input_ids of shape (1, n) became a one-element prompt and failed deep in the engine)
+    import numpy as np
+    ids = torch.tensor([prompt_of(7)])
+    for prompt in (ids, [[1, 2, 3]], [1.5, 2.0], torch.tensor([1.0, 2.0]), np.array([1.5])):
+        with pytest.raises(ValueError, match="the prompt must be a flat sequence of token ids"):
+            Request(prompt, 8)
+
+
+def test_a_prompt_given_as_a_tensor_or_numpy_array_is_its_token_ids(pair, baselines):
+    import numpy as np
+    ids = torch.tensor(prompt_of(7))
+    for prompt in (ids, ids.numpy(), np.asarray(prompt_of(7), dtype=np.int64), list(ids)):
+        request = Request(prompt, MAX_NEW)
+        assert request.prompt == tuple(prompt_of(7)) and all(type(t) is int for t in request.prompt)
+    assert generate_baseline(target_of(pair), Request(ids, MAX_NEW)).tokens == baselines[7].tokens
+
+
 def test_numpys_integers_are_block_lengths_and_token_counts(pair, heads, baselines):
     import numpy as np
     res = generate_speculative(target_of(pair), draft_of(pair[1], heads["dense"], DRAFT_D),

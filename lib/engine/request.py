@@ -33,7 +33,10 @@ class Request:
     draw_probes: bool = True
 
     def __post_init__(self):
-        object.__setattr__(self, "prompt", tuple(self.prompt))               # frozen: held as tuple and frozenset
+        prompt = tuple(self.prompt)                                          # frozen: held as tuple and frozenset
+        need(all(isinstance(t, Integral) or getattr(t, "ndim", None) == 0 and isinstance(t.item(), Integral)
+                 for t in prompt), f"the prompt must be a flat sequence of token ids, got {str(self.prompt)[:60]}")
+        object.__setattr__(self, "prompt", tuple(int(t) for t in prompt))    # a tensor's or an array's ids too
         object.__setattr__(self, "stop", frozenset(int(t) for t in self.stop))  # ints: a tensor hashes by identity
         need(len(self.prompt) >= 1, "a request needs at least 1 prompt token")
         need(isinstance(self.max_new, Integral), f"max_new must be an integer, got {self.max_new!r}")
