@@ -352,6 +352,17 @@ def test_resuming_a_run_started_at_another_commit_is_refused_in_one_line(profile
     assert speculative.run_speculative(profile, fresh=True) != run                    # FRESH=1 is the way out
 
 
+# Formerly unclear: a run interrupted in a checkout with uncommitted changes, run again there, was refused as "started
+# at commit abc123+dirty, this checkout is abc123+dirty: resuming would mix code versions", one commit named twice.
+def test_resuming_a_run_of_uncommitted_code_says_why_it_is_refused(profile, monkeypatch):
+    monkeypatch.setenv("STUDY_COMMIT", "abc123+dirty")
+    run = interrupted_run(profile, monkeypatch)
+    with pytest.raises(runs.ResumeRefused) as e:
+        speculative.run_speculative(profile)
+    msg = str(e.value)
+    assert "\n" not in msg and run.name in msg and "uncommitted" in msg and "FRESH=1" in msg
+
+
 def test_resume_across_commits_when_asked_and_the_summary_names_every_commit(profile, monkeypatch):
     from lib import report
     run = interrupted_run(profile, monkeypatch)

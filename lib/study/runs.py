@@ -84,8 +84,11 @@ def resumable_run(out_dir: Path, config: dict) -> Path | None:
         return None
     run, started = same[-1], run_commit(same[-1])
     if not finished(run) and (commit is None or started != commit) and os.environ.get("RESUME_ANY_COMMIT") != "1":
-        raise ResumeRefused(f"run {run.name} was started at commit {started}, this checkout is {git_commit()}: "
-                            "resuming would mix code versions; FRESH=1 starts a new run (RESUME_ANY_COMMIT=1 "
+        here = git_commit()
+        why = (f"run {run.name} was started by uncommitted code ({started}, as this checkout is), which cannot be "
+               "checked to be this code" if started == here else
+               f"run {run.name} was started at commit {started}, this checkout is {here}")   # both '+dirty' above
+        raise ResumeRefused(f"{why}: resuming would mix code versions; FRESH=1 starts a new run (RESUME_ANY_COMMIT=1 "
                             "resumes it anyway)")
     return run
 
