@@ -89,6 +89,13 @@ def test_the_check_leaves_a_fresh_cache_and_the_runner_names_its_path(pair):
     assert Runner(pair[1], LEN).decode_path == "reference"
 
 
+def test_the_check_of_a_cache_shorter_than_its_steps_stays_inside_the_cache(pair):
+    """A runner of fewer positions than the check's 8 steps checks as many as it holds (it wrote past its cache:
+    on a GPU a device-side assert that breaks the CUDA context)."""
+    r = Runner(pair[1], 5, Acceleration(fused=True))
+    assert r.decode_path == "fused" and r.decode.checked["steps"] == 5 and r.decode.checked["from_position"] == 0
+
+
 def test_a_failing_check_falls_back_to_the_reference_path(pair, monkeypatch):
     monkeypatch.setitem(decode.TOLERANCE, torch.float32, -1.0)               # nothing can pass
     r = Runner(pair[1], LEN, Acceleration(fused=True))
