@@ -64,6 +64,7 @@ def validate(p, where: str) -> None:
         if not cond:
             raise ConfigError(f"{where}: {msg}")
     need(p.dtype in ("float32", "bfloat16", "float16"), f"dtype must be float32, bfloat16 or float16, got {p.dtype!r}")
+    need(0 <= p.seed < 2**32, f"seed must be in 0..2**32 - 1, got {p.seed}")   # numpy's range (common.setup seeds it)
     for key in ("target_device", "draft_device"):                 # torch.device would stop preflight, naming neither
         dev = getattr(p, key)
         need(re.fullmatch(r"cpu|cuda(:\d+)?", dev) is not None, f"{key} must be cpu, cuda or cuda:<index>, got {dev!r}")

@@ -246,6 +246,14 @@ def test_no_schedule_is_refused(tmp_path, smoke_data):
     assert "decode.schedules must be a non-empty subset of" in load_error(tmp_path, smoke_data)
 
 
+# Formerly a bug: a seed numpy refuses (seed: -1) passed the profile's checks and stopped notebook 01's first cell with
+# "ValueError: Seed must be between 0 and 2**32 - 1", naming neither key nor file.
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_a_seed_outside_numpys_range_is_refused(tmp_path, smoke_data, seed):
+    smoke_data["seed"] = seed
+    assert f"seed must be in 0..2**32 - 1, got {seed}" in load_error(tmp_path, smoke_data)
+
+
 # Formerly a bug: a device torch cannot parse (target_device: gpu) passed the profile's checks, and preflight stopped
 # with a traceback whose last line (RuntimeError: Expected one of cpu, cuda, ipu, ...) named neither key nor file.
 @pytest.mark.parametrize("key,value", [("target_device", "gpu"), ("draft_device", "cuda:x"), ("draft_device", "mps")])
