@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -263,6 +264,19 @@ def kernel_output_to(log: Path):
         terminal.close()
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (kill, a time limit) stops the notebook as Ctrl-C does: its failed notebook kept, its stamp naming the
+    files it rewrote (else an earlier notebook whose file it added to runs again) and a line saying so."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt("stopped by SIGTERM")
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def first_error(exc: BaseException) -> str:
     """The failing cell's own `ename: evalue` on one line (never the traceback)."""
     if isinstance(exc, papermill.PapermillExecutionError):
@@ -282,7 +296,7 @@ def execute(notebook: Path, out: Path, parameters: dict) -> tuple[str, Path] | N
     failed.unlink(missing_ok=True)
     log = out / ".logs" / f"{name}.log"
     log.unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory() as tmp, kernel_output_to(log) as terminal:
+    with tempfile.TemporaryDirectory() as tmp, kernel_output_to(log) as terminal, sigterm_as_interrupt():
         os.environ["STUDY_PROGRESS"] = events = str(Path(tmp) / "progress.jsonl")   # lib/progress.py writes here
         try:
             with Watch(name, events, staging, out=terminal):

@@ -203,6 +203,24 @@ def test_a_notebook_whose_run_was_killed_says_so_when_it_runs_again(wrote, repo,
                                          "02_w: running (lib/a.py changed)"]
 
 
+# Formerly a bug: SIGTERM (kill, a time limit) ended the driver at once, with no line, no failed notebook and no stamp
+# naming the files the notebook had rewritten (notebook 03 adds its part to notebook 02's step breakdown: 02 ran again).
+def test_sigterm_stops_a_notebook_as_ctrl_c_does(wrote, repo, capsys, monkeypatch):
+    import signal
+
+    def terminated(*a, **k):                      # the signal's handler, called as the signal would call it
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler), "SIGTERM would end the driver at once"
+        handler(signal.SIGTERM, None)
+    (repo / "lib" / "a.py").write_text("x = 2\n")
+    monkeypatch.setattr(driver.papermill, "execute_notebook", terminated)
+    assert driver.run_all("p", "local", fresh=False, root=repo) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("01_w: failed after") and lines[2] == "KeyboardInterrupt: stopped by SIGTERM"
+    assert "failed" in driver.read_stamp(wrote, "01_w")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL            # the handler is the driver's only meanwhile
+
+
 def test_a_later_notebook_that_fails_after_rewriting_a_result_leaves_the_earlier_one_current(wrote, repo, capsys):
     # 02 rewrites 01's shared.json, then fails (Ctrl-C in notebook 03 after it updated 02's step breakdown, say):
     # only 02 runs again
