@@ -299,6 +299,9 @@ def profile_files(name_or_path: str, params: Path = PARAMS, seen: tuple[Path, ..
         raise ConfigError(f"{path.name}: extends: expected a profile name (params/<name>.yaml), got {base!r}")
     if path in seen:
         raise ConfigError(f"{seen[0].name}: extends: the chain leads back to {path.name}")
+    if not (params / f"{base}.yaml").exists():                           # named here: the file that asks for it
+        raise ConfigError(f"{path.name}: extends: no profile file {params / f'{base}.yaml'}; "
+                          f"known profiles: {known_profiles()}")
     return [path, *profile_files(base, params, (*seen, path))]
 
 

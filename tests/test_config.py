@@ -370,6 +370,13 @@ def test_extends_an_unknown_profile_or_a_cycle_is_refused(tmp_path):
         profile_files("a", tmp_path)
 
 
+# Formerly unclear: `make reproduce PROFILE=mine` with `extends: smok` in mine.yaml said only "no profile file
+# params/smok.yaml; known profiles: [...]", naming neither mine.yaml nor its extends: key.
+def test_extending_a_missing_profile_names_the_file_and_key_that_ask_for_it(tmp_path):
+    msg = load_error(tmp_path, {"extends": "smok", "seed": 1})
+    assert msg.startswith(f"{FILE}: extends: no profile file ") and "smok.yaml" in msg and "known profiles" in msg
+
+
 @pytest.mark.parametrize("base", ["params/smoke.yaml", "smoke.yaml"])
 def test_extends_takes_a_profile_name_not_a_path(tmp_path, monkeypatch, base):
     """A path was read from the working directory: a profile that loaded in preflight (run from the repository)
