@@ -9,7 +9,8 @@
    rerunning 01 makes 02-04 stale; 04_analysis also params/thesis_tables.yaml, the summary.json of each profile
    under compare_with, which it sets ours beside, and the run it analyses) and of what it wrote (the executed notebook and every result
    file it changed). Anything that differs re-runs it, and the terminal says why; --fresh runs everything and
-   passes `fresh=True`.
+   passes `fresh=True`. Before the first notebook of other settings runs (the profile or its prompt file changed,
+   or --fresh) the result set is copied to earlier/<UTC>/, so that nothing the earlier settings measured is lost.
 3. papermill executes into <name>.running.ipynb, which replaces <name>.ipynb only on success; a failure
    leaves the previous executed notebook alone, renames the staging file to <name>.failed.ipynb, prints
    the error's `ename: evalue` and that path, and exits 1.
@@ -25,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,7 +53,9 @@ PREFLIGHT = [sys.executable, "-m", "lib.study.preflight"]
 # start/stop lines (kineto, level 5) would land in the terminal and the notebook.
 QUIET_ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
              "KINETO_LOG_LEVEL": "6"}
-BOOKKEEPING = (".stamps", ".logs")                  # the driver's own files under outputs/PROFILE/, never results
+KEPT = "earlier"                                    # outputs/PROFILE/earlier/<UTC>/: results other settings replaced
+BOOKKEEPING = (".stamps", ".logs", KEPT)            # the driver's own files under outputs/PROFILE/, never results
+SETTINGS_CHANGED = ("the profile changed", "the prompt file changed", "FRESH=1")   # reasons that start another study
 LIB_SOURCES = (".py", ".cu")                        # lib/'s code: Python, and the CUDA kernels it builds
 ANALYSIS = "04_analysis"                            # the report: the one notebook that reads report_inputs
 LAUNCHERS = ("local", "slurm", "submitit-local")    # what lib/study/speculative.py: run_speculative takes
@@ -232,6 +236,22 @@ def write_stamp(out: Path, name: str, deps: dict | None, before: dict[str, int] 
     os.replace(tmp, stamp)
 
 
+def keep_earlier(out: Path) -> Path | None:
+    """Copy the result set (executed notebooks, result files, stamps) into earlier/<UTC>/ before notebooks of other
+    settings replace it; runs/ keeps every e2e run itself. None where no notebook has run here."""
+    files = [p for p in sorted(out.rglob("*"))
+             if p.is_file() and p.relative_to(out).parts[0] not in ("runs", ".logs", KEPT)]
+    if not any(p.parent == out and p.suffix == ".ipynb" for p in files):
+        return None
+    kept = out / KEPT / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    while kept.exists():                                          # two in one second: never into another's copy
+        kept = kept.with_name(kept.name + "+")
+    for p in files:
+        (kept / p.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(p, kept / p.relative_to(out))
+    return kept
+
+
 def mark_started(out: Path, name: str) -> None:
     """The stamp of a run under way: never up to date, and read as a run that did not finish where the driver is
     killed before it writes another (kill, a time limit's SIGTERM)."""
@@ -326,6 +346,7 @@ def run_all(profile: str, launcher: str, fresh: bool, root: Path = ROOT) -> int:
     notebooks = sorted((root / "notebooks").glob("0*.ipynb"))
     names = [nb.stem for nb in notebooks]
     took: dict[str, float | None] = {}
+    kept = None
     for i, nb in enumerate(notebooks):
         deps = dependencies(root, profile, nb, out, names[:i])
         reason = "FRESH=1" if fresh else stale_reason(out, nb.stem, deps, names[i + 1:])
@@ -333,6 +354,10 @@ def run_all(profile: str, launcher: str, fresh: bool, root: Path = ROOT) -> int:
             print(f"{nb.stem}: up to date, skipped")
             took[nb.stem] = None
             continue
+        if kept is None and reason.startswith(SETTINGS_CHANGED):      # the first notebook of other settings
+            kept = keep_earlier(out) or False
+            if kept:
+                print(f"the earlier settings' results are kept in {shown(kept)}/")
         print(f"{nb.stem}: running ({reason})", flush=True)
         t0, before = time.perf_counter(), result_files(out)
         failure = execute(nb, out, parameters)

@@ -118,7 +118,9 @@ def test_run_all_executes_then_skips_then_fresh_reruns(repo, capsys):
     assert lines[-1] == "time: 01 skipped · 02 skipped"
 
     assert driver.run_all("p", "local", fresh=True, root=repo) == 0
-    assert capsys.readouterr().out.splitlines()[0] == "01_ok: running (FRESH=1)"
+    assert capsys.readouterr().out.splitlines()[:2] == [
+        f"the earlier settings' results are kept in {driver.shown(next((out / driver.KEPT).iterdir()))}/",
+        "01_ok: running (FRESH=1)"]
     assert "fresh is True" in (out / "01_ok.ipynb").read_text()
 
 
@@ -182,6 +184,29 @@ def test_a_replaced_executed_notebook_or_a_missing_result_reruns(wrote, repo, ca
     (wrote / "shared.json").unlink()                 # 01's too (02 may have added only its part): both rerun
     assert rerun_lines(repo, capsys) == ["01_w: running (shared.json is missing)",
                                          "02_w: running (01_w ran again since)"]
+
+
+def test_other_settings_keep_the_earlier_results_and_a_code_change_does_not(wrote, repo, capsys):
+    """A changed profile (or FRESH=1) starts another study: the result set it replaces is copied to earlier/<UTC>/
+    first, executed notebooks, result files and stamps (runs/ keeps every run itself); a code change redoes the same
+    study and keeps nothing. Nothing under earlier/ is a result of the new run."""
+    (wrote / "runs" / "e2e-1").mkdir(parents=True)
+    (wrote / "runs" / "e2e-1" / "samples.jsonl").write_text("{}")
+    (repo / "lib" / "a.py").write_text("x = 2\n")
+    assert driver.run_all("p", "local", fresh=False, root=repo) == 0
+    assert not (wrote / driver.KEPT).exists() and "kept" not in capsys.readouterr().out
+    before = {f: (wrote / f).read_bytes() for f in ("01_w.ipynb", "02_w.ipynb", "a.json", "shared.json")}
+    (repo / "params" / "p.yaml").write_text("seed: 1\n")
+    assert driver.run_all("p", "local", fresh=False, root=repo) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (kept,) = (wrote / driver.KEPT).iterdir()
+    assert lines[:2] == [f"the earlier settings' results are kept in {driver.shown(kept)}/",
+                         "01_w: running (the profile changed)"]
+    assert {f: (kept / f).read_bytes() for f in before} == before
+    assert (kept / ".stamps" / "01_w.json").exists() and not (kept / "runs").exists()
+    assert driver.read_stamp(wrote, "01_w")["results"].keys() == {"a.json", "shared.json"}
+    assert driver.run_all("p", "local", fresh=True, root=repo) == 0
+    assert len(list((wrote / driver.KEPT).iterdir())) == 2
 
 
 def test_a_lib_change_is_named(wrote, repo, capsys):
