@@ -15,7 +15,7 @@
 #   make notebooks  re-execute the committed notebooks on smoke in place (nbval references), tidy them
 #   make data       fetch Spec-Bench's question file (thesis profile)
 #   make lab        JupyterLab on the same environment; prints its URL with the token
-# Variables: PROFILE=smollm2 (a profile above), FRESH=1 (rerun every notebook, new e2e run), LAUNCHER=local|slurm,
+# Variables: PROFILE=smollm2 (a profile above), FRESH=1 (rerun every notebook, new e2e run), LAUNCHER=local|slurm|submitit-local,
 #   RESUME_ANY_COMMIT=1 (resume an unfinished e2e run although other code started it)
 PROFILE ?= smollm2
 LAUNCHER ?= local
