@@ -104,7 +104,8 @@ def dependencies(root: Path, profile: str, notebook: Path, out: Path, earlier: l
     stamps = {name: sha256(stamp_path(out, name)) if stamp_path(out, name).exists() else None for name in earlier}
     files = profile_files(profile, root / "params")
     prompts = prompt_file(files)
-    return {"profile": {p.name: sha256(p) for p in files},
+    settings = json.loads(json.dumps(profile_data(files), default=str))    # as the stamp holds them (JSON)
+    return {"profile": {p.name: sha256(p) for p in files}, "settings": settings,
             "prompts": {prompts.name: sha256(prompts) if prompts.is_file() else None},
             "notebook": sha256(notebook),
             "lib": {str(p.relative_to(root / "lib")): sha256(p) for p in sorted((root / "lib").rglob("*"))
@@ -175,7 +176,7 @@ def read_stamp(out: Path, name: str) -> dict | None:
 def changed_dependency(old: dict, new: dict) -> str:
     """Which dependency differs, in words."""
     if old.get("profile") != new["profile"]:
-        return "the profile changed"
+        return "the profile changed" + settings_changed(old.get("settings"), new["settings"])
     if old.get("prompts") != new["prompts"]:
         return f"the prompt file changed ({', '.join(new['prompts'])})"
     if old.get("notebook") != new["notebook"]:
@@ -189,6 +190,20 @@ def changed_dependency(old: dict, new: dict) -> str:
         return f"{min(n for n in {*before, *after} if before.get(n) != after.get(n))} changed"
     earlier = [n for n, h in new["earlier_stamps"].items() if (old.get("earlier_stamps") or {}).get(n) != h]
     return f"{earlier[0]} ran again since" if earlier else "its dependencies changed"
+
+
+def settings_changed(old: dict | None, new: dict) -> str:
+    """': decode.k 3 -> 4, ...', the settings that differ (dotted keys, at most three named), or '' where the stamp
+    predates recording them or only the files' text changed."""
+    def flat(d, at=""):
+        return {k: v for key, val in d.items() for k, v in
+                (flat(val, f"{at}{key}.").items() if isinstance(val, dict) else [(f"{at}{key}", val)])}
+    if old is None:
+        return ""
+    before, after = flat(old), flat(new)
+    keys = sorted(k for k in {*before, *after} if before.get(k) != after.get(k))
+    named = ", ".join(f"{k} {before.get(k)} -> {after.get(k)}" for k in keys[:3])
+    return f": {named}" + (f" (and {len(keys) - 3} more)" if len(keys) > 3 else "") if keys else ""
 
 
 def stale_reason(out: Path, name: str, deps: dict, later: list[str] = ()) -> str:

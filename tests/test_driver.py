@@ -201,12 +201,20 @@ def test_other_settings_keep_the_earlier_results_and_a_code_change_does_not(wrot
     lines = capsys.readouterr().out.splitlines()
     (kept,) = (wrote / driver.KEPT).iterdir()
     assert lines[:2] == [f"the earlier settings' results are kept in {driver.shown(kept)}/",
-                         "01_w: running (the profile changed)"]
+                         "01_w: running (the profile changed: seed 0 -> 1)"]
     assert {f: (kept / f).read_bytes() for f in before} == before
     assert (kept / ".stamps" / "01_w.json").exists() and not (kept / "runs").exists()
     assert driver.read_stamp(wrote, "01_w")["results"].keys() == {"a.json", "shared.json"}
     assert driver.run_all("p", "local", fresh=True, root=repo) == 0
     assert len(list((wrote / driver.KEPT).iterdir())) == 2
+
+
+def test_a_profile_change_names_the_settings_that_differ(wrote, repo, capsys):
+    (repo / "params" / "p.yaml").write_text("seed: 0\n# a comment\n")
+    assert rerun_lines(repo, capsys)[0] == "01_w: running (the profile changed)"      # the text only
+    (repo / "params" / "p.yaml").write_text("seed: 0\ndecode: {k: 4, policy: grow}\nz: [1]\nzz: 2\n")
+    assert rerun_lines(repo, capsys)[0] == ("01_w: running (the profile changed: decode.k None -> 4, "
+                                            "decode.policy None -> grow, z None -> [1] (and 1 more))")
 
 
 def test_a_lib_change_is_named(wrote, repo, capsys):
@@ -261,7 +269,7 @@ def test_the_prompt_file_and_cuda_sources_are_dependencies(wrote, repo, capsys, 
     questions = repo / "mine.jsonl"
     questions.write_text("{}\n")
     monkeypatch.setattr(driver, "profile_prompt_file", lambda file: (questions, "questions"))
-    assert rerun_lines(repo, capsys)[0] == "01_w: running (the profile changed)"
+    assert rerun_lines(repo, capsys)[0] == "01_w: running (the profile changed: prompts.file None -> mine.jsonl)"
     questions.write_text('{"more": 1}\n')                  # `make data` arriving under prompts.file: auto, say
     assert rerun_lines(repo, capsys)[0] == "01_w: running (the prompt file changed (mine.jsonl))"
     (repo / "lib" / "kernel.cu").write_text("// a kernel\n")
