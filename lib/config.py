@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import types
 import typing
@@ -217,7 +218,9 @@ def _build(cls, data, where: str):
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(names)}")
+        meant = {k: m[0] for k in unknown if (m := difflib.get_close_matches(str(k), names, 1))}
+        hint = "".join(f"; did you mean {m!r} for {k!r}?" for k, m in meant.items())
+        raise ConfigError(f"{where}: unknown key(s) {unknown}{hint}; allowed: {sorted(names)}")
     kwargs = {}
     for f in dataclasses.fields(cls):
         key = f"{where}.{f.name}"

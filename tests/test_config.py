@@ -152,6 +152,12 @@ def test_unknown_deeply_nested_key(tmp_path, smoke_data):
     smoke_data["models"]["synthetic"]["draft"]["hiden_size"] = 64
     msg = load_error(tmp_path, smoke_data)
     assert "models.synthetic.draft" in msg and "hiden_size" in msg
+    assert "did you mean 'hidden_size' for 'hiden_size'?" in msg
+
+
+def test_an_unknown_key_far_from_every_known_one_gets_no_guess(tmp_path, smoke_data):
+    smoke_data["decode"]["zzzzzz"] = 5
+    assert "did you mean" not in load_error(tmp_path, smoke_data)
 
 
 @pytest.mark.parametrize("section,key,value", [
