@@ -1,4 +1,5 @@
 import copy
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,7 +48,16 @@ def test_smoke_profile_loads():
     assert as_dict(p)["models"]["synthetic"]["draft"]["hidden_size"] == p.models.synthetic.draft.hidden_size
 
 
-PROFILES = sorted(p.stem for p in (REPO / "params").glob("*.yaml") if not p.stem.startswith("thesis_"))
+def shipped_profiles() -> list[str]:
+    """The profiles the repository ships (tracked by git; every file where git cannot say): a researcher's own
+    profile, broken or half written, is not the suite's to check."""
+    listed = subprocess.run(["git", "ls-files", "params"], cwd=REPO, capture_output=True, text=True)
+    files = [REPO / f for f in listed.stdout.split()] if listed.returncode == 0 and listed.stdout else \
+        list((REPO / "params").glob("*.yaml"))
+    return sorted(p.stem for p in files if p.suffix == ".yaml" and not p.stem.startswith("thesis_"))
+
+
+PROFILES = shipped_profiles()
 
 
 @pytest.mark.parametrize("name", PROFILES)
