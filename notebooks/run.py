@@ -378,7 +378,8 @@ def run_all(profile: str, launcher: str, fresh: bool, root: Path = ROOT) -> int:
         failure = execute(nb, out, parameters)
         if failure:
             write_stamp(out, nb.stem, None, before)
-            print(f"{nb.stem}: failed after {duration(time.perf_counter() - t0)}")
+            ended = "stopped" if failure[0].startswith("KeyboardInterrupt") else "failed"     # Ctrl-C, SIGTERM
+            print(f"{nb.stem}: {ended} after {duration(time.perf_counter() - t0)}")
             print(failure[0])
             print(shown(failure[1]))
             return 1

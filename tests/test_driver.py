@@ -249,7 +249,7 @@ def test_sigterm_stops_a_notebook_as_ctrl_c_does(wrote, repo, capsys, monkeypatc
     monkeypatch.setattr(driver.papermill, "execute_notebook", terminated)
     assert driver.run_all("p", "local", fresh=False, root=repo) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].startswith("01_w: failed after") and lines[2] == "KeyboardInterrupt: stopped by SIGTERM"
+    assert lines[1].startswith("01_w: stopped after") and lines[2] == "KeyboardInterrupt: stopped by SIGTERM"
     assert "failed" in driver.read_stamp(wrote, "01_w")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL            # the handler is the driver's only meanwhile
 
