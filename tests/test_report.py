@@ -829,6 +829,17 @@ def test_phase_shares_show_every_phase_where_overlapping_phases_sum_past_the_wal
     assert all(ax.get_xlim()[1] >= 1.2 for ax in axes)                # every band inside the axis, one scale
 
 
+def test_the_round_by_round_plot_says_which_panel_has_nothing_to_show():
+    """policy_rounds_plot draws the grow policy's K and a bandit's arms, one sample each: a run with neither (smollm2,
+    h100awq, two_gpu, two_gpu_awq, smollm2_gpu) showed two blank axes and no word, h100 (bandits, no grow policy) a
+    blank left one."""
+    from lib.report import figures
+    df = report.records_frame([fake("dense_ordinary", "ordinary", 8, 10.0, [3, 3], 8, k_policy="fixed")])
+    fig = figures.policy_rounds_plot(df)
+    said = [" ".join(t.get_text() for t in ax.texts) for ax in fig.axes]
+    assert "grow" in said[0] and "bandit" in said[1]
+
+
 @pytest.mark.parametrize("source, says", [("synthetic", "synthetic pair: acceptance is artificial"),
                                           ("pretrained", "real models")])
 def test_saved_tables_say_what_their_acceptance_is(tmp_path, source, says):

@@ -297,6 +297,8 @@ def policy_rounds_plot(df: pd.DataFrame):
         axes[0].plot(range(1, len(one.accepted_lengths) + 1), one.accepted_lengths, "o", label="accepted")
         axes[0].set(xlabel="round", ylabel="tokens", title=f"K by acceptance, {one['mode']}, question {one.question_id}")
         axes[0].legend()
+    else:
+        nothing(axes[0], "no mode with the grow block-length policy in this run")
     bandit = df[df.draft.isin(modes.BANDITS)]
     if len(bandit):
         one = bandit.iloc[0]
@@ -304,8 +306,16 @@ def policy_rounds_plot(df: pd.DataFrame):
         axes[1].plot(range(1, len(one.choices) + 1), [arms.index(c) for c in one.choices], ".")
         axes[1].set(yticks=range(len(arms)), yticklabels=arms, xlabel="round",
                     title=f"{one['mode']}: arm chosen, question {one.question_id}")
+    else:
+        nothing(axes[1], "no bandit drafter in this run")
     fig.tight_layout()
     return fig
+
+
+def nothing(ax, text: str) -> None:
+    """A panel with nothing to draw says so (blank axes read as a plot that failed)."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+    ax.set_axis_off()
 
 
 def divergence_gap_plot(points: pd.DataFrame):
