@@ -854,6 +854,16 @@ def test_saved_tables_say_what_their_acceptance_is(tmp_path, source, says):
     assert says in header and "`runs/e2e-1` (commit abc)" in header
 
 
+def test_the_gguf_note_names_the_full_depth_control_where_it_runs():
+    """smollm2's figures, tables.md and headline showed the FlashHead full-depth draft (the whole model with
+    FlashHead, acceptance 0.93) under a note that named only 'its own early-exit drafts'."""
+    from lib.config import load_profile
+    profile = load_profile("smollm2")
+    assert "early-exit" in report.acceptance_note(profile) and "full-depth" in report.acceptance_note(profile)
+    early_only = SimpleNamespace(models=profile.models, decode=SimpleNamespace(modes=[modes.BASELINE, modes.DENSE]))
+    assert "full-depth" not in report.acceptance_note(early_only)
+
+
 def test_sampling_against_greedy_takes_temperature_zero_from_the_prompts_sampled():
     """The sampling study samples the first prompts.side_prompts prompts (h100: 2 of 24; smollm2: 1 of 6), the
     greedy run all of them: with the run's records, temperature 0 is the greedy run on the sampled prompts alone

@@ -105,8 +105,10 @@ def cost_model_section(profile: Profile, micro: dict, agg: pd.DataFrame, extra: 
 def acceptance_note(profile: Profile) -> str:
     if profile.models.source == "synthetic":
         return "synthetic pair: acceptance is artificial"
-    if profile.models.source == "gguf":
-        return "real weights: SmolLM2-135M-Instruct and its own early-exit drafts (self-speculation), not the thesis's pair"
+    if profile.models.source == "gguf":                                # flash_full: the whole model with FlashHead
+        full = " and its full-depth FlashHead control" if modes.FLASH_FULL in profile.decode.modes else ""
+        return (f"real weights: SmolLM2-135M-Instruct and its own early-exit drafts{full} (self-speculation), "
+                "not the thesis's pair")
     return "real models"
 
 
