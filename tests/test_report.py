@@ -912,3 +912,13 @@ def test_side_by_side_names_the_card_each_end_to_end_run_ran_on(tmp_path, monkey
     assert tab.loc[modes.BASELINE, ("other", "device")] == "card of the e2e run"
     assert tab.loc[modes.BASELINE, ("older", "device")] == "its only card"
     assert tab.loc[modes.BASELINE, ("other", "decode tok/s")] == 10.0 and ("missing", "device") not in tab
+
+
+def test_a_missing_side_study_says_whether_the_profile_runs_it():
+    from dataclasses import replace
+    from lib.config import load_profile
+    from lib.study.analysis import no_side_study
+    p = replace(load_profile("smoke"), side_studies=["peers"])
+    assert no_side_study(p, "peers") == ("no peers study yet: notebook 03 runs it (this profile's side_studies list "
+                                         "it) and writes peers.json")
+    assert no_side_study(p, "context") == "no context study: this profile's side_studies leave it out"

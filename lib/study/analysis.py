@@ -92,6 +92,14 @@ def divergences(profile: Profile, df: pd.DataFrame) -> pd.DataFrame:
 
 
 
+def no_side_study(profile: Profile, name: str) -> str:
+    """What notebook 04 says where a side study's file is missing: the profile does not run it, or notebook 03 has
+    not run it yet."""
+    if name not in profile.side_studies:
+        return f"no {name} study: this profile's side_studies leave it out"
+    return f"no {name} study yet: notebook 03 runs it (this profile's side_studies list it) and writes {name}.json"
+
+
 def peers(profile: Profile, agg: pd.DataFrame) -> pd.DataFrame | None:
     """peers.json's methods beside notebook 03's baseline and fastest speculative mode; None without peers.json."""
     data = optional_json(profile, "peers.json")
