@@ -922,3 +922,20 @@ def test_a_missing_side_study_says_whether_the_profile_runs_it():
     assert no_side_study(p, "peers") == ("no peers study yet: notebook 03 runs it (this profile's side_studies list "
                                          "it) and writes peers.json")
     assert no_side_study(p, "context") == "no context study: this profile's side_studies leave it out"
+
+
+def test_sampling_against_greedy_shows_each_modes_median_sample_beside_the_pooled_tok_s():
+    """two_gpu_awq's flash_ordinary at temperature 0.5: two samples of 11-14 s (a first use) among 22 of 0.4 s
+    pooled to 44.5 tok/s against 136-163 for the other modes; the median sample shows what the mode runs at."""
+    samples = [{"temperature": 0.5, "mode": "dense_ordinary", "question_id": q, "decode_ms": ms, "decode_tokens": 64}
+               for q, ms in ((1, 400.0), (2, 11000.0), (3, 500.0))]
+    rows = [{"temperature": 0.5, "mode": "dense_ordinary", "draft": "dense", "acceptance": 0.5, "mean_emitted": 2.0,
+             "decode_tok_s": 1000 * 192 / 11900}]
+    recs = [fake("dense_ordinary", "ordinary", 8, 100.0, [3, 3], 8, question_id=q, k_policy="fixed") for q in (1, 2)]
+    df = report.records_frame(recs)
+    both = report.against_greedy({"rows": rows, "samples": samples}, report.aggregate(df), df)
+    assert both.loc["dense_ordinary", ("median_sample_tok_s", 0.5)] == pytest.approx(1000 * 64 / 500)
+    assert both.loc["dense_ordinary", ("decode_tok_s", 0.5)] < both.loc["dense_ordinary", ("median_sample_tok_s", 0.5)] / 7
+    one = df.iloc[0]
+    assert both.loc["dense_ordinary", ("median_sample_tok_s", 0.0)] == pytest.approx(1000 * one.decode_tokens / one.decode_ms)
+    assert "median_sample_tok_s" not in report.against_greedy({"rows": rows}, report.aggregate(df)).columns.get_level_values(0)

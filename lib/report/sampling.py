@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 
 from .. import modes
@@ -51,12 +52,34 @@ def against_greedy(data: dict, agg: pd.DataFrame, df: pd.DataFrame | None = None
     """Acceptance, mean emitted and decode tok/s per mode at temperature 0 (the greedy run's fixed-K modes) and at
     each sampling temperature (sampling.json's rows, sampled_rows), for the modes sampled. Temperature 0: with the
     run's records `df`, the greedy run on the prompts the study sampled (its first prompts.side_prompts) pooled as
-    tables.aggregate pools; without them `agg`, the run over all its prompts."""
+    tables.aggregate pools; without them `agg`, the run over all its prompts. Where the samples carry their times,
+    also each mode's median sample tok/s (median_sample_tok_s)."""
     samp = pd.DataFrame(sampled_rows(data))
     sampled = {s["question_id"] for s in data.get("samples", [])}
     if df is not None and sampled:                                       # the same prompts at every temperature
-        agg = run_aggregate(df[df.question_id.isin(sampled)])
+        df = df[df.question_id.isin(sampled)]
+        agg = run_aggregate(df)
     greedy = agg[agg.k_policy == modes.FIXED].reset_index(names="mode").assign(temperature=0.0)
+    values, median = ["acceptance", "mean_emitted", "decode_tok_s"], median_sample_tok_s(data.get("samples", []))
+    if median:
+        samp[MEDIAN] = [median.get(key) for key in zip(samp.temperature, samp["mode"])]
+        if df is not None:                                                # the greedy run's samples: temperature 0
+            at_zero = median_sample_tok_s(df.assign(temperature=0.0).to_dict("records"))
+            greedy[MEDIAN] = [at_zero.get((0.0, m)) for m in greedy["mode"]]
+        values.append(MEDIAN)
     both = pd.concat([greedy, samp])[lambda d: d["mode"].isin(samp["mode"])]
-    return both.pivot_table(index="mode", columns="temperature", values=["acceptance", "mean_emitted", "decode_tok_s"],
-                            sort=False)
+    return both.pivot_table(index="mode", columns="temperature", values=values, sort=False)
+
+
+MEDIAN = "median_sample_tok_s"
+
+
+def median_sample_tok_s(samples: list[dict]) -> dict[tuple, float]:
+    """Per (temperature, mode), the median sample's decode tok/s. Beside the pooled figure (all decode tokens over
+    all decode time), a sample slowed by something once (a kernel compiled or a graph captured on first use) shows
+    as a gap between the two."""
+    by = {}
+    for s in samples:
+        if s.get("decode_ms"):
+            by.setdefault((s["temperature"], s["mode"]), []).append(1000 * s["decode_tokens"] / s["decode_ms"])
+    return {key: float(np.median(v)) for key, v in by.items()}
