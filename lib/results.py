@@ -205,6 +205,7 @@ def latest_run(out_dir: Path, name: str = "e2e", profile: Profile | None = None)
 
 
 def read_config(run: Path) -> dict:
+    """A run's configuration (its config.json)."""
     return json.loads((Path(run) / "config.json").read_text())
 
 

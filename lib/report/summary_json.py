@@ -11,7 +11,7 @@ import pandas as pd
 
 from .. import costmodel, modes
 from ..config import Profile
-from ..results import save_json
+from ..results import read_config, save_json
 from .sampling import summary_section as sampling_section
 from .tables import kernel_of, run_kernels
 
@@ -20,7 +20,7 @@ def run_source(profile: Profile, run: Path) -> dict:
     """Which run a summary or table comes from, from its config.json: its directory (relative to the profile's
     outputs), the commit it ran at, which path ran each engine's single-token body and its multi-token calls' layer
     kernels (runs made before that was recorded: none)."""
-    cfg = json.loads((Path(run) / "config.json").read_text())
+    cfg = read_config(run)
     wrote = [cfg.get("commit", "unknown"), *(r.get("commit", "unknown") for r in cfg.get("resumed", []))]
     return {"run": str(Path(run).relative_to(profile.out_dir)), "run_commit": cfg.get("commit", "unknown"),
             "run_started": cfg.get("started"), "sample_commits": list(dict.fromkeys(wrote)),  # each resume's too

@@ -4,7 +4,6 @@ studies' tables and the divergence points. Pure functions of result files and da
 beside ours: thesis.py; summary.json: summary_json.py; figures: figures.py)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ import pandas as pd
 
 from .. import modes
 from ..modes import DEFERRED, ORDINARY, PIPELINED
+from ..results import read_config
 
 
 def records_frame(records: list[dict]) -> pd.DataFrame:
@@ -94,7 +94,7 @@ def aggregate(df: pd.DataFrame, kernels: dict | None = None) -> pd.DataFrame:
 def run_kernels(run: Path) -> dict:
     """The run's recorded head kernel per engine ({"target": ..., <draft>: ...}; {} for runs made before they were
     recorded), from its config.json."""
-    return json.loads((Path(run) / "config.json").read_text()).get("kernels", {})
+    return read_config(run).get("kernels", {})
 
 
 def kernel_of(draft: str, kernels: dict | None) -> str:

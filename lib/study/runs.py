@@ -10,7 +10,8 @@ from pathlib import Path
 from .. import modes
 from ..engine.blocks import make_policy
 from ..config import Profile, as_dict
-from ..results import clean_commit, e2e_settings, finished, git_commit, now, read_records, runs_of, write_whole
+from ..results import (clean_commit, e2e_settings, finished, git_commit, now, read_config, read_records, runs_of,
+                       write_whole)
 from ..progress import note, steps
 from ..engine.speculative import Request, Result, generate_baseline, generate_speculative
 
@@ -79,7 +80,7 @@ def resumable_run(out_dir: Path, config: dict) -> Path | None:
     (or by uncommitted code) would mix code versions in one run: refused, unless RESUME_ANY_COMMIT=1."""
     commit = clean_commit()
     same = [p for p in runs_of(out_dir) if (not finished(p) or commit is not None and run_commit(p) == commit) and
-            not config_differences(json.loads((p / "config.json").read_text()), config)]
+            not config_differences(read_config(p), config)]
     if not same:
         return None
     run, started = same[-1], run_commit(same[-1])
@@ -98,7 +99,7 @@ def reused_run(out_dir: Path, name: str, config: dict) -> Path:
     run = out_dir / "runs" / name
     if not finished(run):
         raise ValueError(f"reuse={name!r}: no finished run of that name in {out_dir / 'runs'}")
-    saved = json.loads((run / "config.json").read_text())
+    saved = read_config(run)
     differ = config_differences(saved, config)
     if differ:
         raise ValueError(f"reuse={name!r}: that run's {', '.join(differ)} differ from this configuration's")
@@ -107,7 +108,7 @@ def reused_run(out_dir: Path, name: str, config: dict) -> Path:
 
 
 def run_commit(run: Path) -> str:
-    return json.loads((run / "config.json").read_text()).get("commit", "unknown")
+    return read_config(run).get("commit", "unknown")
 
 
 def start_or_resume(profile: Profile, config: dict, fresh: bool = False) -> tuple[Path, bool]:
