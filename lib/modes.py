@@ -82,6 +82,10 @@ PEERS = {"hf_greedy": "HF generate, greedy (dynamic cache)", "hf_static": "HF ge
 ENGINE_BASELINE = "engine_baseline"
 
 
+# How notebook 03 runs its end-to-end samples (lib/study/speculative.py): in its own process, over a Slurm array,
+# or as that array's shards run locally by submitit.
+LAUNCHERS = ("local", "slurm", "submitit-local")
+
 # Notebook 03's side studies after the end-to-end run, each on the first prompts.side_prompts prompts (the context
 # study on no prompt: it times a round's calls at bench.context_lengths).
 SIDE_STUDIES = {"sampling": "exact speculative sampling (sampling.json)", "adaptive": "adaptive drafts (adaptive.json)",

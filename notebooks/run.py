@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from lib.config import (ConfigError, Prompts, known_profiles, load_profile, merged,  # noqa: E402 - profiles (no model code)
                         profile_files, read_yaml)
+from lib.modes import LAUNCHERS  # noqa: E402 - what notebook 03's run_speculative takes
 from lib.prompts import profile_prompt_file  # noqa: E402 - which prompt file a profile reads
 from lib.results import latest_run  # noqa: E402 - the run notebook 04 analyses
 from watch import Watch, duration  # noqa: E402 - notebooks/watch.py, beside this file
@@ -58,7 +59,6 @@ BOOKKEEPING = (".stamps", ".logs", KEPT)            # the driver's own files und
 SETTINGS_CHANGED = ("the profile changed", "the prompt file changed", "FRESH=1")   # reasons that start another study
 LIB_SOURCES = (".py", ".cu")                        # lib/'s code: Python, and the CUDA kernels it builds
 ANALYSIS = "04_analysis"                            # the report: the one notebook that reads report_inputs
-LAUNCHERS = ("local", "slurm", "submitit-local")    # what lib/study/speculative.py: run_speculative takes
 
 
 def outputs_root() -> Path:

@@ -37,8 +37,8 @@ def run_speculative(profile: Profile, launcher: str = "local", target_model=None
     (local) or sharded by prompt over a Slurm array (slurm; submitit-local runs the shards as local
     processes). Resumes the latest unfinished run of the same configuration unless fresh; finishes it.
     reuse: the name of a finished run of the same configuration to take as it is (nothing is measured)."""
-    if launcher not in ("local", "slurm", "submitit-local"):
-        raise ValueError(f"unknown launcher {launcher!r}: use local, slurm or submitit-local")
+    if launcher not in modes.LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}: use one of {list(modes.LAUNCHERS)}")
     enc = encoded_prompts(profile)
     qids = [p.question_id for p, _ in enc]
     if reuse:
