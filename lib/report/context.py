@@ -12,9 +12,9 @@ from .figures import _save, plt
 
 def context_table(ctx: dict) -> pd.DataFrame:
     """Per position: each draft's time a proposed token (its K-token block over K) and the measured dense/flash
-    ratio; the share of the dense draft's block time FlashHead saves ((dense - flash) / dense); the target's calls of 1, K and K+1
-    tokens; on a GPU each call's floor (its bytes at the copy bandwidth) and the share of it reached, and each
-    draft's block fed two tokens (as deferred rounds launch it ahead) where the study timed it."""
+    ratio; the share of the dense draft's block time FlashHead saves ((dense - flash) / dense); the target's calls
+    of 1, K and K+1 tokens; on a GPU each call's floor (its bytes at the copy bandwidth) and the share of it reached,
+    and each draft's block fed two tokens (as deferred rounds launch it ahead) where the study timed it."""
     k, rows = ctx["k"], []
     for r in ctx["rows"]:
         d, f, t = r["draft"][modes.DENSE], r["draft"][modes.FLASH], r["target"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import modes, results
-from ..config import Profile, load_profile
+from ..config import Profile
 from ..report import sampling as sampling_report
 from ..report.peers import table as peers_table
 from ..report.tables import aggregate, first_difference, records_frame, run_kernels
@@ -30,10 +30,10 @@ from .adaptive import E2E_SOURCE, run_rows
 from .common import setup  # noqa: F401
 
 
-def latest_run(out_dir: Path) -> Path:
-    """The run notebook 04 analyses: the last finished one of the end-to-end settings of the profile whose results
-    out_dir holds (outputs/<profile>/), the run notebook 03 made or reused (results.latest_run)."""
-    return results.latest_run(out_dir, profile=load_profile(Path(out_dir).name))
+def latest_run(profile: Profile) -> Path:
+    """The run notebook 04 analyses: the last finished one of the profile's end-to-end settings, the run notebook 03
+    made or reused (results.latest_run)."""
+    return results.latest_run(profile.out_dir, profile=profile)
 
 
 def run_frames(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
