@@ -219,7 +219,7 @@ def test_the_analysed_run_is_the_latest_of_the_profiles_settings(tmp_path, monke
     theirs = runs_lib.new_run(p.out_dir, {"profile": as_dict(other)})
     runs_lib.mark_finished(theirs)                                       # finished last
     assert results.latest_run(p.out_dir) == theirs
-    assert analysis.latest_run(p.out_dir) == ours                        # what notebook 04 calls
+    assert analysis.latest_run(p) == ours                                # what notebook 04 calls
     assert results.latest_run(p.out_dir, profile=p) == ours
     side = replace(p, sampling=replace(p.sampling, temperatures=[0.7]))  # side-study settings: same samples
     assert results.latest_run(p.out_dir, profile=side) == ours
