@@ -54,6 +54,19 @@ def read_json(profile: Profile, name: str) -> dict:
     return json.loads(path.read_text())
 
 
+def side_study_json(profile: Profile, study: str) -> dict | None:
+    """Notebook 03's side study `study` (<study>.json) as notebook 04 reads it: where the profile runs the study (its
+    side_studies) or these very settings wrote the file (notebook 03's parameter side_studies runs others too).
+    None where the study has not run, or where its file is left from other settings: a study the profile no longer
+    runs is not shown as if it were this result set's."""
+    path = profile.out_dir / f"{study}.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    current = data.get("written", {}).get("profile") == profile_digest(profile)
+    return data if study in profile.side_studies or current else None
+
+
 def kept_json(profile: Profile, name: str) -> dict | None:
     """The result file `name` if this very commit (a clean checkout) wrote it for this very profile, else None
     (measure it): notebook 03 run again with keep=True (the next device call, say) keeps the side studies this

@@ -164,6 +164,32 @@ def test_fill_replays_the_captured_graphs_and_writes_the_cache_prefill_writes(pa
         torch.testing.assert_close(a[..., :13, :], b[..., :13, :], rtol=1e-2, atol=1e-2)
 
 
+def test_a_prefill_at_a_warmed_length_builds_no_kernel(pair):
+    """Runner.warm_prefill before the timed prefills: afterwards a prefill (greedy, or sampling's hidden states) at
+    each warmed length compiles no Triton kernel (a new length class did, inside a timed TTFT, before)."""
+    import copy
+    import triton
+    from lib.engine.runner import Acceleration, Runner
+    knobs = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if knobs is None or not hasattr(knobs, "jit_post_compile_hook"):
+        pytest.skip("this Triton has no compile hook")
+    model = copy.deepcopy(pair[0]).to(DEV, torch.float16)
+    runner = Runner(model, 128, Acceleration(graphs=True, rows=4, triton_layers=True))
+    assert runner.layer_path == "triton"
+    lengths = [3, 17, 48, 96]                                  # 48: a multiple of 16; 96: past the Triton layer rows
+    runner.warm_prefill(lengths)
+    built, hook = [], knobs.jit_post_compile_hook
+    knobs.jit_post_compile_hook = lambda *a, **kw: built.append(kw.get("fn") or a)
+    try:
+        for n in lengths:
+            ids = torch.randint(3, 500, (1, n), generator=torch.Generator().manual_seed(n)).to(DEV)
+            runner.prefill(ids)
+            runner.forward(ids, 0, graph=False)
+    finally:
+        knobs.jit_post_compile_hook = hook
+    assert built == []
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_w4a16_compiled_is_exact_and_batch_invariant(dtype):
     """The W4A16 kernel's compiled path (inline-PTX int4 -> float, one K = 128 dot a K-block; the interpreter runs

@@ -924,6 +924,33 @@ def test_a_missing_side_study_says_whether_the_profile_runs_it():
     assert no_side_study(p, "context") == "no context study: this profile's side_studies leave it out"
 
 
+def test_a_side_study_file_left_from_other_settings_is_not_read(tmp_path, monkeypatch):
+    """Notebook 04 reads a side study's file where the profile runs the study or these very settings wrote it;
+    two_gpu_awq had shown a sampling.json from before its side_studies left sampling out (unstamped, old code)."""
+    from dataclasses import replace
+    from lib.config import load_profile
+    from lib.report.summary_json import extra_summary
+    from lib.results import save_json, side_study_json
+    from lib.study.analysis import no_side_study
+    monkeypatch.setenv("STUDY_OUTPUTS", str(tmp_path))
+    p = replace(load_profile("smoke"), side_studies=["context"])
+    other = replace(p, seed=p.seed + 1)
+    save_json(other, "context.json", {"k": 3, "device": "cpu", "rows": []})    # listed: read whoever wrote it
+    save_json(other, "sampling.json", {"rows": [], "samples": []})            # not listed, other settings
+    (p.out_dir / "peers.json").write_text(json.dumps({"rows": []}))            # not listed, from before the stamps
+    adaptive = {"schedule": "deferred", **dict.fromkeys(("k", "prompts", "e2e_run", "regret", "policies"))}
+    save_json(p, "adaptive.json", adaptive)                                   # not listed, these very settings
+    assert side_study_json(p, "context")["k"] == 3
+    assert side_study_json(p, "sampling") is None and side_study_json(p, "peers") is None
+    assert side_study_json(p, "adaptive")["schedule"] == "deferred"
+    assert side_study_json(other, "sampling") is not None                     # the settings that wrote it
+    assert side_study_json(p, "invariance") is None                          # never ran
+    assert no_side_study(p, "sampling") == ("no sampling study: this profile's side_studies leave it out (sampling.json "
+                                            "here is from other settings and is not shown)")
+    assert no_side_study(p, "invariance") == "no invariance study: this profile's side_studies leave it out"
+    assert {"context"} <= set(extra_summary(p)) and not {"sampling", "peers"} & set(extra_summary(p))
+
+
 def test_sampling_against_greedy_shows_each_modes_median_sample_beside_the_pooled_tok_s():
     """two_gpu_awq's flash_ordinary at temperature 0.5: two samples of 11-14 s (a first use) among 22 of 0.4 s
     pooled to 44.5 tok/s against 136-163 for the other modes; the median sample shows what the mode runs at."""

@@ -18,6 +18,7 @@ from .layer import fuse_projections, layer_forward
 COMPILE_OPTIONS = {"coordinate_descent_tuning": True}
 RECOMPILE_LIMITS = {"cache_size_limit": 64, "accumulated_cache_size_limit": 512}
 TRITON_LAYER_ROWS = 64   # longer calls (prefills): SDPA and norm modules (attention partials: rows x splits)
+WARM_DEVICES = ("cuda",)  # where kernels are built or loaded on first use (tests add "cpu" to run warm_prefill there)
 
 
 class KVCache:
@@ -183,6 +184,16 @@ class Runner:
             with on(self.device):
                 for n in sorted({self._length(n) for n in lengths}):                       # the lengths calls run at
                     self._graphs.get((kind, n)) or self._capture(kind, n)
+
+    @torch.no_grad()
+    def warm_prefill(self, lengths) -> None:
+        """Run the eager prefill once at each of these prompt lengths (on CUDA; a no-op on a CPU), so that no timed
+        prefill meets a kernel first: the Triton kernels specialise on a call's length (n % 16 == 0 compiles anew)
+        and other libraries load kernels on first use; such a first use had put 1.0-2.4 s into one prefill of every
+        GPU e2e run before (the prompt that first met it). Writes the cache a generation's prefill overwrites."""
+        if self.device.type in WARM_DEVICES:
+            for n in sorted(set(lengths)):
+                self._run("greedy", torch.zeros(1, n, dtype=torch.long, device=self.device), 0, graph=False)
 
     def _capture(self, kind: str, n: int) -> dict:
         """Capture the call of length n."""

@@ -2,13 +2,12 @@
 and mode, summary.json's `sampling` section, and sampling beside greedy decoding (notebook 04)."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pandas as pd
 
 from .. import modes
 from ..config import Profile
+from ..results import side_study_json
 from .tables import aggregate as run_aggregate
 
 
@@ -35,10 +34,10 @@ def aggregate(samples: list[dict]) -> list[dict]:
 
 def summary_section(profile: Profile) -> dict:
     """summary.json's `sampling` section (sampling.json without its per-sample records), if the study ran."""
-    path = profile.out_dir / "sampling.json"
-    if not path.exists():
+    data = side_study_json(profile, "sampling")
+    if data is None:
         return {}
-    data = {k: v for k, v in json.loads(path.read_text()).items() if k != "samples"}
+    data = {k: v for k, v in data.items() if k != "samples"}
     return {"sampling": {**data, "rows": sampled_rows(data)}}
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from .. import costmodel, modes
 from ..config import Profile
-from ..results import read_config, save_json
+from ..results import read_config, save_json, side_study_json
 from .sampling import summary_section as sampling_section
 from .tables import kernel_of, run_kernels
 
@@ -39,13 +39,12 @@ def extra_summary(profile: Profile) -> dict:
     sampling studies' sections where they ran (their files without their raw rows)."""
     read = lambda name: json.loads((profile.out_dir / name).read_text())
     out = {"target_step": read("target_step.json")} if (profile.out_dir / "target_step.json").exists() else {}
-    if (profile.out_dir / "peers.json").exists():
-        out["peers"] = {k: v for k, v in read("peers.json").items() if k != "rows"}
-    if (profile.out_dir / "adaptive.json").exists():
-        a = read("adaptive.json")
+    p, a, c = (side_study_json(profile, study) for study in ("peers", "adaptive", "context"))
+    if p is not None:
+        out["peers"] = {k: v for k, v in p.items() if k != "rows"}
+    if a is not None:
         out["adaptive"] = {k: a[k] for k in ("schedule", "k", "prompts", "e2e_run", "regret", "policies")}
-    if (profile.out_dir / "context.json").exists():                          # per position: ms a token, a call
-        c = read("context.json")
+    if c is not None:                                                          # per position: ms a token, a call
         out["context"] = {"k": c["k"], "device": c["device"], "rows": [
             {"position": r["position"], "draft_step_ratio": r["draft_step_ratio"],
              **{f"draft_{d}_ms_per_token": s["per_token_ms"] for d, s in r["draft"].items()},

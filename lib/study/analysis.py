@@ -12,7 +12,7 @@ from ..config import Profile
 from ..report import sampling as sampling_report
 from ..report.peers import table as peers_table
 from ..report.tables import aggregate, first_difference, records_frame, run_kernels
-from ..results import finish_time, finished, read_json, read_records, runs_of
+from ..results import finish_time, finished, read_json, read_records, runs_of, side_study_json
 
 # What notebook 04 shows, reached through its one import of this module.
 from ..costmodel import (context_projection, head_ratios, model_check, phase_check, projection_grid,  # noqa: F401
@@ -52,7 +52,7 @@ def sampling_against_greedy(profile: Profile, agg: pd.DataFrame, df: pd.DataFram
     """sampling.json's acceptance, mean emitted and decode tok/s per mode and temperature beside the greedy run's
     (temperature 0: with the run's records `df`, on the prompts the study sampled; else `agg`, all the run's
     prompts); None without the sampling study."""
-    data = optional_json(profile, "sampling.json")
+    data = side_study_json(profile, "sampling")
     return None if data is None else sampling_report.against_greedy(data, agg, df)
 
 
@@ -60,7 +60,7 @@ def adaptive_results(profile: Profile, run: Path) -> dict | None:
     """adaptive.json (notebook 03's adaptive probes and bandit drafters), or None without the study; its end-to-end
     rows (each adaptive policy against its best fixed setting) are the analysed run's, made here: the file holds those
     of the run that was newest when notebook 03 ran."""
-    ad = optional_json(profile, "adaptive.json")
+    ad = side_study_json(profile, "adaptive")
     if ad is None:
         return None
     side = [r for r in ad["policies"] if not str(r.get("source", "")).startswith(E2E_SOURCE)]
@@ -93,16 +93,18 @@ def divergences(profile: Profile, df: pd.DataFrame) -> pd.DataFrame:
 
 
 def no_side_study(profile: Profile, name: str) -> str:
-    """What notebook 04 says where a side study's file is missing: the profile does not run it, or notebook 03 has
-    not run it yet."""
+    """What notebook 04 says where a side study's file is missing or not read (results.side_study_json): the profile
+    does not run it (a file from other settings says so), or notebook 03 has not run it yet."""
     if name not in profile.side_studies:
-        return f"no {name} study: this profile's side_studies leave it out"
+        left = (profile.out_dir / f"{name}.json").exists()
+        return (f"no {name} study: this profile's side_studies leave it out" +
+                (f" ({name}.json here is from other settings and is not shown)" if left else ""))
     return f"no {name} study yet: notebook 03 runs it (this profile's side_studies list it) and writes {name}.json"
 
 
 def peers(profile: Profile, agg: pd.DataFrame) -> pd.DataFrame | None:
     """peers.json's methods beside notebook 03's baseline and fastest speculative mode; None without peers.json."""
-    data = optional_json(profile, "peers.json")
+    data = side_study_json(profile, "peers")
     return None if data is None else peers_table(data, agg)
 
 

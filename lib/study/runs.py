@@ -219,10 +219,12 @@ def record(res: Result, prompt, ids: list[int], it: int, draft: str, schedule: s
 
 def run_samples(profile: Profile, run: Path, engines: tuple, enc: list, keys: list, shard: tuple[int, int] = (0, 1),
                 progress: bool = True) -> None:
-    """Warm every mode up on the first prompt (not recorded), then run and append each pending sample.
+    """Warm the prefill up at every prompt length and every mode up on the first prompt (neither recorded), then
+    run and append each pending sample.
     engines: (target, drafts, stop tokens, {draft: call costs} for the cost-model block policy or None)."""
     target, drafts, stop, costs = engines
     done = len(read_records(run))
+    target.runner.warm_prefill(len(ids) for _, ids in enc)                    # no timed prefill meets a kernel first
     warm = [mode for mode in mode_order(profile) for _ in range(profile.bench.e2e_warmup)]
     for mode in steps(warm, "e2e warm-up", "modes") if progress else warm:
         generate(target, drafts, profile, enc[0][1], mode, stop, costs)

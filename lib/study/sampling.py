@@ -52,9 +52,11 @@ def sample_record(res, prompt, mode: tuple, temperature: float, top_p: float, se
 
 
 def run(profile: Profile, target, drafts: dict, enc: list, stop: frozenset) -> list[dict]:
-    """Every (temperature, prompt, mode) once, after warming each mode up on the first prompt. A sample's
-    seed depends on its temperature and prompt only, so every mode of one prompt shares its first token."""
+    """Every (temperature, prompt, mode) once, after warming the prefill up at every prompt length and each mode up
+    on the first prompt. A sample's seed depends on its temperature and prompt only, so every mode of one prompt
+    shares its first token."""
     order, s = sampling_modes(profile), profile.sampling
+    target.runner.warm_prefill(len(ids) for _, ids in enc)
     warm = [(mode, -1 - w) for mode in order for w in range(profile.bench.e2e_warmup)]
     for mode, seed in steps(warm, "sampling warm-up", "modes"):
         sample_once(target, drafts, mode[0], sample_request(profile, enc[0][1], mode, s.temperatures[0], seed, stop))
