@@ -247,6 +247,35 @@ def test_w4a16_mma_is_exact_batch_invariant_and_graphed(dtype):
     assert Int4Linear.from_awq(Awq()).kernel == "mma"
 
 
+@pytest.mark.parametrize("kernel", ["mma", "triton"])
+def test_int4_projections_fused_side_by_side_still_compute_their_own_outputs(kernel):
+    """Int4Linear.concat leaves each projection a view of the fused tensors: called alone (as the model's own forward
+    calls q, k, v: Hugging Face's generate in the peers study) each gives what it gave before, bitwise. The mma
+    kernel had read a view's groups rows N apart (h100awq's HF peers left the engine's tokens at the 8th new token:
+    hidden states 34 % apart after layer 0). The fused call gives them side by side."""
+    from lib.models import w4a16_mma as MM
+    from lib.models.int4_linear import Int4Linear
+    from lib.study.int4_kernels import random_awq
+    if kernel == "mma" and MM.supported(DEV):
+        pytest.skip(f"the mma kernel cannot run here: {MM.supported(DEV)}")
+    torch.manual_seed(9)
+    K = 512
+
+    class Awq(torch.nn.Module):
+        def __init__(self, N):
+            super().__init__()
+            self.qweight, self.qzeros, self.scales = random_awq(K, N, DEV)
+            self.group_size, self.bias = 128, None
+
+    mods = [Int4Linear.from_awq(Awq(N), kernel) for N in (256, 64, 64)]
+    x = torch.randn(3, K, device=DEV, dtype=torch.float16)
+    alone = [m(x) for m in mods]
+    fused = Int4Linear.concat(mods)
+    for m, y in zip(mods, alone):
+        assert torch.equal(m(x), y)
+    torch.testing.assert_close(fused(x), torch.cat(alone, dim=1), rtol=2e-3, atol=2e-3)    # its own split of K
+
+
 def test_rope_cache_on_the_gpu(pair):
     """q/k norms, RoPE and the cache write in one kernel, against the torch path (fp16)."""
     import copy
