@@ -320,6 +320,25 @@ def test_a_flash_checkpoint_of_other_clustering_settings_is_made_again(profile, 
     assert torch.equal(read_flash_checkpoint(other.flash_dir)[2], want)
 
 
+def test_a_flash_checkpoint_made_by_other_code_is_made_again(profile, monkeypatch, tmp_path):
+    """The clustering's code is part of what a checkpoint records it was made with (clustering_settings)."""
+    monkeypatch.setenv("STUDY_MODELS", str(tmp_path / "models"))
+    flash_checkpoint.ensure_flash_checkpoint(profile)
+    written, load = [], flash_checkpoint.checkpoints.load_draft                 # loaded only to cluster it again
+    monkeypatch.setattr(flash_checkpoint.checkpoints, "load_draft", lambda *a, **kw: written.append(1) or load(*a, **kw))
+    flash_checkpoint.ensure_flash_checkpoint(profile)
+    assert written == []                                                      # the same code: kept
+    real = flash_checkpoint.equal_size_clusters
+
+    def changed(*a, **kw):                                                   # other clustering code, same clusters
+        return real(*a, **kw)
+    monkeypatch.setattr(flash_checkpoint, "equal_size_clusters", changed)
+    flash_checkpoint.ensure_flash_checkpoint(profile)
+    assert written == [1]
+    flash_checkpoint.ensure_flash_checkpoint(profile)
+    assert written == [1]                                                     # and recorded with it
+
+
 # resuming never mixes code versions; a commit claim is checked against the tree
 
 def interrupted_run(profile, monkeypatch):

@@ -382,6 +382,27 @@ def test_the_synthetic_pair_is_made_again_when_its_tokenizers_corpus_changes(syn
     assert (root / "draft" / "model.safetensors").is_file()
 
 
+def test_a_models_stamp_holds_the_code_that_made_it(syn, tmp_path, monkeypatch):
+    """A synthetic pair made by other code (lib/models/synthetic.py, quantize.py for an int4 target) is made again,
+    and a GGUF conversion's stamp holds its conversion code: their stamps had held inputs and settings only."""
+    from dataclasses import replace
+    from lib import prompts as prompt_lib
+    from lib.config import load_profile
+    from lib.models import checkpoints
+    monkeypatch.setenv("STUDY_MODELS", str(tmp_path / "models"))
+    p = load_profile("smoke")
+    p = replace(p, models=replace(p.models, synthetic=replace(syn, save_target=False)))
+    checkpoints.ensure_synthetic(p)
+    assert checkpoints.synthetic_current(p)
+    monkeypatch.setattr(checkpoints, "synthetic", prompt_lib)                  # stands in for changed code
+    assert not checkpoints.synthetic_current(p)
+    gguf = load_profile("smollm2")
+    before = checkpoints.gguf_stamp(gguf)
+    monkeypatch.setattr(checkpoints, "convert_gguf", checkpoints.ensure_gguf)
+    assert checkpoints.gguf_stamp(gguf) == {**before, "code": checkpoints.code_digest(checkpoints.ensure_gguf)}
+    assert checkpoints.gguf_stamp(gguf)["code"] != before["code"]
+
+
 def test_a_relative_model_directory_is_the_repositorys_whatever_the_working_directory(pair, tmp_path, monkeypatch):
     """models.* given as local directories relative to the repository: preflight (run in the repository) found
     them, then the notebooks (run in notebooks/) did not."""

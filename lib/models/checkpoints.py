@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
+import inspect
 import io
 import json
 import os
@@ -17,17 +18,25 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .. import prompts as prompt_lib
-from . import quantize
+from . import quantize, synthetic
 from ..config import ROOT, Profile, as_dict
 from .synthetic import make_pair, make_tokenizer
 
 # ---------------------------------------------------------------- synthetic pair on disk
 
+def code_digest(*code) -> str:
+    """sha256 of the source of these modules and functions: the code a model on disk was made by. A model's stamp
+    holds it, so that a change of that code makes the model again (notebooks rerun on any change of lib/ anyway)."""
+    return hashlib.sha256("".join(inspect.getsource(c) for c in code).encode()).hexdigest()
+
+
 def synthetic_stamp(profile: Profile) -> dict:
-    """What the synthetic pair is made from: the seed, dtype and shapes, and the built-in prompts its tokenizer is
-    trained on."""
+    """What the synthetic pair is made from: the seed, dtype and shapes, the built-in prompts its tokenizer is
+    trained on, and the code that makes (and quantises) it."""
+    syn = profile.models.synthetic
+    code = code_digest(synthetic, *([quantize] if syn.save_target and syn.target_quant == "awq" else []))
     return {"seed": profile.seed, "dtype": profile.dtype, "synthetic": as_dict(profile)["models"]["synthetic"],
-            "corpus_sha256": sha256_of(prompt_lib.BUILTIN)}
+            "corpus_sha256": sha256_of(prompt_lib.BUILTIN), "code": code}
 
 
 def synthetic_current(profile: Profile) -> bool:
@@ -276,8 +285,10 @@ def gguf_source(profile: Profile) -> Path:
 
 
 def gguf_stamp(profile: Profile) -> dict:
+    """What the converted model is made from: the pinned GGUF file and the conversion's code."""
     m = profile.models
-    return {"gguf_package": m.gguf_package, "gguf_file": m.gguf_file, "sha256": m.gguf_sha256}
+    return {"gguf_package": m.gguf_package, "gguf_file": m.gguf_file, "sha256": m.gguf_sha256,
+            "code": code_digest(convert_gguf)}
 
 
 def gguf_converted(profile: Profile) -> bool:

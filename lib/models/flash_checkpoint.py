@@ -207,10 +207,11 @@ MADE_WITH = "flash_head_assets/made_with.json"       # our checkpoints: the sett
 
 
 def clustering_settings(profile: Profile) -> dict:
-    """What our equal-size clustering of the draft depends on besides the draft's weights."""
+    """What our equal-size clustering of the draft depends on besides the draft's weights: its settings and the code
+    that clusters and writes the checkpoint."""
     c = profile.clustering
     return {"seed": profile.seed, "dtype": profile.dtype, "n_clusters": c.n_clusters, "iterations": c.iterations,
-            "candidates": c.candidates}
+            "candidates": c.candidates, "code": checkpoints.code_digest(cl, equal_size_clusters, write_flash_checkpoint)}
 
 
 def ensure_flash_checkpoint(profile: Profile) -> Path:
