@@ -68,7 +68,9 @@ def test_summary_and_table(smoke, smoke_data):
     agg = pd.DataFrame({"decode_tok_s": [100.0, 150.0, 120.0], "decode_total_ms": [1000.0, 600.0, 800.0],
                         "ttft_ms": [10.0, 10.0, 10.0], "samples": [10, 10, 10], "exact_match_rate": [1.0, 1.0, 1.0]},
                        index=[modes.BASELINE, "dense_ordinary", "flash_ordinary"])
-    t = report.peers_table(smoke_data, agg)
+    t = report.peers_table(smoke_data, agg, "card of the e2e run")
+    assert set(t.loc[[modes.BASELINE, "dense_ordinary"], "device"]) == {"card of the e2e run"}
+    assert set(t.loc[[modes.ENGINE_BASELINE, *modes.PEERS], "device"]) == {smoke_data["config"]["device"]}
     assert list(t.index) == [modes.ENGINE_BASELINE, *modes.PEERS, modes.BASELINE, "dense_ordinary"]
     # baseline: 100 decode tokens + 10 first tokens in 1000 ms + 10 x 10 ms of prefill
     assert t.loc[modes.BASELINE, "tok_s"] == pytest.approx(100.0)

@@ -102,10 +102,11 @@ def no_side_study(profile: Profile, name: str) -> str:
     return f"no {name} study yet: notebook 03 runs it (this profile's side_studies list it) and writes {name}.json"
 
 
-def peers(profile: Profile, agg: pd.DataFrame) -> pd.DataFrame | None:
-    """peers.json's methods beside notebook 03's baseline and fastest speculative mode; None without peers.json."""
+def peers(profile: Profile, agg: pd.DataFrame, run_device: str | None = None) -> pd.DataFrame | None:
+    """peers.json's methods beside notebook 03's baseline and fastest speculative mode (timed on `run_device`); None
+    without peers.json."""
     data = side_study_json(profile, "peers")
-    return None if data is None else peers_table(data, agg)
+    return None if data is None else peers_table(data, agg, run_device)
 
 
 RATIOS = " flash/dense"                 # subset_runs' key of a run's FlashHead/dense ratios: <run name> + RATIOS
