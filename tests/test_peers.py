@@ -77,6 +77,27 @@ def test_summary_and_table(smoke, smoke_data):
     assert t.loc["hf_greedy", "tok_s"] == smoke_data["aggregate"]["hf_greedy"]["tok_s"]
 
 
+def test_notebook_03s_rows_beside_the_peers_come_from_the_prompts_the_peers_ran(smoke, smoke_data, tmp_path,
+                                                                                monkeypatch):
+    """The peers run the first prompts.side_prompts prompts; notebook 03's run all of them. Given the run's records,
+    its rows in the peers table are its samples of the peers' prompts (they were the whole run's)."""
+    from lib.results import save_json
+    from lib.study import analysis
+    from test_report import fake
+    monkeypatch.setenv("STUDY_OUTPUTS", str(tmp_path))
+    save_json(smoke, "peers.json", smoke_data)
+    asked = smoke_data["config"]["prompts"]
+    recs = [fake(mode, "deferred" if mode != modes.BASELINE else modes.BASELINE, 10, ms, [3, 3], 8, question_id=q)
+            for q in range(1, max(asked) + 2) for mode, ms in ((modes.BASELINE, 100.0 if q in asked else 400.0),
+                                                   ("dense_deferred", 50.0))]
+    df = report.records_frame(recs)
+    whole = analysis.peers(smoke, report.aggregate(df), "card", None)
+    ours = analysis.peers(smoke, report.aggregate(df), "card", df)
+    assert ours.loc[modes.BASELINE, "samples"] == len(asked) and whole.loc[modes.BASELINE, "samples"] == max(asked) + 1
+    assert ours.loc[modes.BASELINE, "decode_tok_s"] == pytest.approx(1000 * 10 / 100.0)
+    assert whole.loc[modes.BASELINE, "decode_tok_s"] < ours.loc[modes.BASELINE, "decode_tok_s"]
+
+
 def test_early_exit_model_shares_the_targets_layers(llama):
     draft = peers.early_exit_model(llama, 2)
     assert len(draft.model.layers) == 2 and draft.model.layers[1] is llama.model.layers[1]

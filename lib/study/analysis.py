@@ -102,11 +102,18 @@ def no_side_study(profile: Profile, name: str) -> str:
     return f"no {name} study yet: notebook 03 runs it (this profile's side_studies list it) and writes {name}.json"
 
 
-def peers(profile: Profile, agg: pd.DataFrame, run_device: str | None = None) -> pd.DataFrame | None:
-    """peers.json's methods beside notebook 03's baseline and fastest speculative mode (timed on `run_device`); None
-    without peers.json."""
+def peers(profile: Profile, agg: pd.DataFrame, run_device: str | None = None,
+          df: pd.DataFrame | None = None) -> pd.DataFrame | None:
+    """peers.json's methods beside notebook 03's baseline and fastest speculative mode (timed on `run_device`): with
+    the run's records `df`, its samples of the prompts the peers ran (the first prompts.side_prompts), else `agg`, the
+    run over all its prompts. None without peers.json."""
     data = side_study_json(profile, "peers")
-    return None if data is None else peers_table(data, agg, run_device)
+    if data is None:
+        return None
+    asked = set(data.get("config", {}).get("prompts") or [])
+    if df is not None and asked & set(df.question_id):
+        agg = aggregate(df[df.question_id.isin(asked)])
+    return peers_table(data, agg, run_device)
 
 
 RATIOS = " flash/dense"                 # subset_runs' key of a run's FlashHead/dense ratios: <run name> + RATIOS
