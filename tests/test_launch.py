@@ -145,6 +145,22 @@ def test_a_named_finished_run_is_reused_and_a_wrong_name_or_configuration_refuse
         speculative.run_speculative(other, reuse=run.name)
 
 
+def test_a_reused_run_that_is_not_the_latest_says_how_notebook_04_analyses_it(profile, capsys):
+    """Notebook 04 analyses the latest finished run of the profile's settings; notebook 03 reusing an older one says
+    so, and notebook 04's parameter run names the one to analyse."""
+    from lib.study import analysis
+    older = speculative.run_speculative(profile)
+    newer = speculative.run_speculative(profile, fresh=True)
+    capsys.readouterr()
+    assert speculative.run_speculative(profile, reuse=newer.name) == newer
+    assert "notebook 04 analyses" not in capsys.readouterr().out
+    assert speculative.run_speculative(profile, reuse=older.name) == older
+    assert f"give it the parameter run='{older.name}'" in capsys.readouterr().out
+    assert analysis.latest_run(profile) == newer and analysis.latest_run(profile, older.name) == older
+    with pytest.raises(ValueError, match="run='e2e-nonexistent': no finished run of that name"):
+        analysis.latest_run(profile, "e2e-nonexistent")
+
+
 def test_side_study_settings_do_not_change_the_e2e_configuration(profile):
     run = speculative.run_speculative(profile)
     side = replace(profile, prompts=replace(profile.prompts, side_prompts=1),

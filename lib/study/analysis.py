@@ -30,10 +30,15 @@ from .adaptive import E2E_SOURCE, run_rows
 from .common import setup  # noqa: F401
 
 
-def latest_run(profile: Profile) -> Path:
-    """The run notebook 04 analyses: the last finished one of the profile's end-to-end settings, the run notebook 03
-    made or reused (results.latest_run)."""
-    return results.latest_run(profile.out_dir, profile=profile)
+def latest_run(profile: Profile, name: str = "") -> Path:
+    """The run notebook 04 analyses: the finished run `name` under runs/ (its parameter `run`), else the last finished
+    one of the profile's end-to-end settings, the run notebook 03 made or reused (results.latest_run)."""
+    if not name:
+        return results.latest_run(profile.out_dir, profile=profile)
+    run = profile.out_dir / "runs" / name
+    if not finished(run):
+        raise ValueError(f"run={name!r}: no finished run of that name in {profile.out_dir / 'runs'}")
+    return run
 
 
 def run_frames(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -42,7 +42,12 @@ def run_speculative(profile: Profile, launcher: str = "local", target_model=None
     enc = encoded_prompts(profile)
     qids = [p.question_id for p, _ in enc]
     if reuse:
-        return runs.reused_run(profile.out_dir, reuse, runs.run_config(profile, qids, device_info(profile)))
+        run = runs.reused_run(profile.out_dir, reuse, runs.run_config(profile, qids, device_info(profile)))
+        latest = results.latest_run(profile.out_dir, profile=profile)
+        if latest != run:
+            note(f"notebook 04 analyses the latest finished run of these settings, {latest.name}: to analyse "
+                 f"{run.name} there, give it the parameter run={run.name!r}")
+        return run
     run, resumed = runs.start_or_resume(profile, runs.run_config(profile, qids, device_info(profile)), fresh)
     done = len(results.read_records(run))
     state = ("reusing finished" if results.finished(run) else "resuming") if resumed else "new"
