@@ -952,8 +952,8 @@ def test_a_side_study_file_left_from_other_settings_is_not_read(tmp_path, monkey
 
 
 def test_sampling_against_greedy_shows_each_modes_median_sample_beside_the_pooled_tok_s():
-    """two_gpu_awq's flash_ordinary at temperature 0.5: two samples of 11-14 s (a first use) among 22 of 0.4 s
-    pooled to 44.5 tok/s against 136-163 for the other modes; the median sample shows what the mode runs at."""
+    """two_gpu_awq's flash_ordinary at temperature 0.5 (a run of 6a7b474's code): two samples of 11-14 s among 22 of
+    0.4 s pooled to 44.5 tok/s against 136-163 for the other modes; the median sample shows what the mode runs at."""
     samples = [{"temperature": 0.5, "mode": "dense_ordinary", "question_id": q, "decode_ms": ms, "decode_tokens": 64}
                for q, ms in ((1, 400.0), (2, 11000.0), (3, 500.0))]
     rows = [{"temperature": 0.5, "mode": "dense_ordinary", "draft": "dense", "acceptance": 0.5, "mean_emitted": 2.0,
