@@ -55,16 +55,17 @@ def read_json(profile: Profile, name: str) -> dict:
 
 
 def side_study_json(profile: Profile, study: str) -> dict | None:
-    """Notebook 03's side study `study` (<study>.json) as notebook 04 reads it: where the profile runs the study (its
-    side_studies) or these very settings wrote the file (notebook 03's parameter side_studies runs others too).
-    None where the study has not run, or where its file is left from other settings: a study the profile no longer
-    runs is not shown as if it were this result set's."""
+    """Notebook 03's side study `study` (<study>.json) as notebook 04 reads it: where these very settings wrote it
+    (notebook 03's parameter side_studies runs others than the profile's too), or, for a study the profile runs,
+    where the file predates stamps naming the settings. None where the study has not run, or where its file is left
+    from other settings (a study the profile no longer runs, or one not run again since the settings changed: a
+    Slurm launch, a narrower side_studies, a failed run) and would be shown as if it were these settings'."""
     path = profile.out_dir / f"{study}.json"
     if not path.exists():
         return None
     data = json.loads(path.read_text())
-    current = data.get("written", {}).get("profile") == profile_digest(profile)
-    return data if study in profile.side_studies or current else None
+    wrote = data.get("written", {}).get("profile")
+    return data if wrote == profile_digest(profile) or (wrote is None and study in profile.side_studies) else None
 
 
 def kept_json(profile: Profile, name: str) -> dict | None:

@@ -157,8 +157,18 @@ def test_a_reused_run_that_is_not_the_latest_says_how_notebook_04_analyses_it(pr
     assert speculative.run_speculative(profile, reuse=older.name) == older
     assert f"give it the parameter run='{older.name}'" in capsys.readouterr().out
     assert analysis.latest_run(profile) == newer and analysis.latest_run(profile, older.name) == older
-    with pytest.raises(ValueError, match="run='e2e-nonexistent': no finished run of that name"):
-        analysis.latest_run(profile, "e2e-nonexistent")
+    for wrong in ("e2e-nonexistent", f"../runs/{older.name}", str(older)):
+        with pytest.raises(ValueError, match="no finished run of that name"):
+            analysis.latest_run(profile, wrong)
+    other = replace(profile, decode=replace(profile.decode, max_new_tokens=5))
+    with pytest.raises(ValueError, match="end-to-end settings differ"):
+        analysis.latest_run(other, older.name)
+    renamed = older.with_name("e2e-copy")                                     # a run renamed by hand: not an e2e-* run
+    shutil.copytree(older, renamed)
+    for run in (newer, older):
+        shutil.rmtree(run)
+    assert speculative.run_speculative(profile, reuse="e2e-copy") == renamed
+    assert "give it the parameter run='e2e-copy'" in capsys.readouterr().out
 
 
 def test_side_study_settings_do_not_change_the_e2e_configuration(profile):

@@ -399,8 +399,19 @@ def test_a_models_stamp_holds_the_code_that_made_it(syn, tmp_path, monkeypatch):
     gguf = load_profile("smollm2")
     before = checkpoints.gguf_stamp(gguf)
     monkeypatch.setattr(checkpoints, "convert_gguf", checkpoints.ensure_gguf)
-    assert checkpoints.gguf_stamp(gguf) == {**before, "code": checkpoints.code_digest(checkpoints.ensure_gguf)}
+    changed = checkpoints.code_digest(checkpoints.ensure_gguf, checkpoints.ensure_gguf)
+    assert checkpoints.gguf_stamp(gguf) == {**before, "code": changed}
     assert checkpoints.gguf_stamp(gguf)["code"] != before["code"]
+
+
+def test_code_without_source_at_hand_still_has_a_digest():
+    """A function made by exec (or a .pyc-only install) has no source: its compiled code is digested instead."""
+    from lib.models import checkpoints
+    scope = {}
+    exec("def made(x):\n    return x + 1\n", scope)
+    exec("def other(x):\n    return x + 2\n", scope)
+    assert checkpoints.code_digest(scope["made"]) != checkpoints.code_digest(scope["other"])
+    assert checkpoints.code_digest(scope["made"]) == checkpoints.code_digest(scope["made"])
 
 
 def test_a_relative_model_directory_is_the_repositorys_whatever_the_working_directory(pair, tmp_path, monkeypatch):

@@ -96,6 +96,8 @@ def test_notebook_03s_rows_beside_the_peers_come_from_the_prompts_the_peers_ran(
     assert ours.loc[modes.BASELINE, "samples"] == len(asked) and whole.loc[modes.BASELINE, "samples"] == max(asked) + 1
     assert ours.loc[modes.BASELINE, "decode_tok_s"] == pytest.approx(1000 * 10 / 100.0)
     assert whole.loc[modes.BASELINE, "decode_tok_s"] < ours.loc[modes.BASELINE, "decode_tok_s"]
+    assert ours.loc[modes.BASELINE, "source"] == "notebook 03 run"
+    assert whole.loc[modes.BASELINE, "source"] == "notebook 03 run (all prompts)"
 
 
 def test_early_exit_model_shares_the_targets_layers(llama):

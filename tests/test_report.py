@@ -925,30 +925,35 @@ def test_a_missing_side_study_says_whether_the_profile_runs_it():
 
 
 def test_a_side_study_file_left_from_other_settings_is_not_read(tmp_path, monkeypatch):
-    """Notebook 04 reads a side study's file where the profile runs the study or these very settings wrote it;
-    two_gpu_awq had shown a sampling.json from before its side_studies left sampling out (unstamped, old code)."""
+    """Notebook 04 reads a side study's file where these very settings wrote it, or where the profile runs the study
+    and the file predates stamps naming the settings; two_gpu_awq had shown a sampling.json from before its
+    side_studies left sampling out (unstamped, old code), and a study not run again since the settings changed (a
+    Slurm launch skips the side studies) would have shown the earlier settings' numbers."""
     from dataclasses import replace
     from lib.config import load_profile
     from lib.report.summary_json import extra_summary
     from lib.results import save_json, side_study_json
     from lib.study.analysis import no_side_study
     monkeypatch.setenv("STUDY_OUTPUTS", str(tmp_path))
-    p = replace(load_profile("smoke"), side_studies=["context"])
+    p = replace(load_profile("smoke"), side_studies=["context", "peers"])
     other = replace(p, seed=p.seed + 1)
-    save_json(other, "context.json", {"k": 3, "device": "cpu", "rows": []})    # listed: read whoever wrote it
+    save_json(other, "context.json", {"k": 3, "device": "cpu", "rows": []})    # listed, other settings
     save_json(other, "sampling.json", {"rows": [], "samples": []})            # not listed, other settings
-    (p.out_dir / "peers.json").write_text(json.dumps({"rows": []}))            # not listed, from before the stamps
+    (p.out_dir / "peers.json").write_text(json.dumps({"rows": []}))            # listed, from before the stamps
+    (p.out_dir / "invariance.json").write_text(json.dumps({"modes": []}))      # not listed, from before the stamps
     adaptive = {"schedule": "deferred", **dict.fromkeys(("k", "prompts", "e2e_run", "regret", "policies"))}
     save_json(p, "adaptive.json", adaptive)                                   # not listed, these very settings
-    assert side_study_json(p, "context")["k"] == 3
-    assert side_study_json(p, "sampling") is None and side_study_json(p, "peers") is None
+    assert side_study_json(p, "context") is None and side_study_json(other, "context")["k"] == 3
+    assert side_study_json(p, "sampling") is None and side_study_json(p, "invariance") is None
+    assert side_study_json(p, "peers") == {"rows": []}
     assert side_study_json(p, "adaptive")["schedule"] == "deferred"
     assert side_study_json(other, "sampling") is not None                     # the settings that wrote it
-    assert side_study_json(p, "invariance") is None                          # never ran
     assert no_side_study(p, "sampling") == ("no sampling study: this profile's side_studies leave it out (sampling.json "
                                             "here is from other settings and is not shown)")
-    assert no_side_study(p, "invariance") == "no invariance study: this profile's side_studies leave it out"
-    assert {"context"} <= set(extra_summary(p)) and not {"sampling", "peers"} & set(extra_summary(p))
+    assert no_side_study(p, "context") == ("no context study of these settings: notebook 03 runs it (this profile's "
+                                           "side_studies list it) and writes context.json (context.json here is from "
+                                           "other settings and is not shown)")
+    assert {"peers", "adaptive"} <= set(extra_summary(p)) and not {"sampling", "context"} & set(extra_summary(p))
 
 
 def test_sampling_against_greedy_shows_each_modes_median_sample_beside_the_pooled_tok_s():

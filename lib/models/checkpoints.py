@@ -9,6 +9,7 @@ import importlib.metadata
 import inspect
 import io
 import json
+import marshal
 import os
 import shutil
 import warnings
@@ -27,14 +28,23 @@ from .synthetic import make_pair, make_tokenizer
 def code_digest(*code) -> str:
     """sha256 of the source of these modules and functions: the code a model on disk was made by. A model's stamp
     holds it, so that a change of that code makes the model again (notebooks rerun on any change of lib/ anyway)."""
-    return hashlib.sha256("".join(inspect.getsource(c) for c in code).encode()).hexdigest()
+    return hashlib.sha256("".join(_source(c) for c in code).encode()).hexdigest()
+
+
+def _source(code) -> str:
+    """Its source text, or where none is at hand (a .pyc-only install, code made by exec) its compiled code."""
+    try:
+        return inspect.getsource(code)
+    except (OSError, TypeError):
+        return marshal.dumps(code.__code__).hex() if hasattr(code, "__code__") else repr(code)
 
 
 def synthetic_stamp(profile: Profile) -> dict:
     """What the synthetic pair is made from: the seed, dtype and shapes, the built-in prompts its tokenizer is
     trained on, and the code that makes (and quantises) it."""
     syn = profile.models.synthetic
-    code = code_digest(synthetic, *([quantize] if syn.save_target and syn.target_quant == "awq" else []))
+    awq = syn.save_target and syn.target_quant == "awq"
+    code = code_digest(ensure_synthetic, synthetic, *([quantize] if awq else []))
     return {"seed": profile.seed, "dtype": profile.dtype, "synthetic": as_dict(profile)["models"]["synthetic"],
             "corpus_sha256": sha256_of(prompt_lib.BUILTIN), "code": code}
 
@@ -288,7 +298,7 @@ def gguf_stamp(profile: Profile) -> dict:
     """What the converted model is made from: the pinned GGUF file and the conversion's code."""
     m = profile.models
     return {"gguf_package": m.gguf_package, "gguf_file": m.gguf_file, "sha256": m.gguf_sha256,
-            "code": code_digest(convert_gguf)}
+            "code": code_digest(ensure_gguf, convert_gguf)}
 
 
 def gguf_converted(profile: Profile) -> bool:

@@ -211,7 +211,8 @@ def clustering_settings(profile: Profile) -> dict:
     that clusters and writes the checkpoint."""
     c = profile.clustering
     return {"seed": profile.seed, "dtype": profile.dtype, "n_clusters": c.n_clusters, "iterations": c.iterations,
-            "candidates": c.candidates, "code": checkpoints.code_digest(cl, equal_size_clusters, write_flash_checkpoint)}
+            "candidates": c.candidates,
+            "code": checkpoints.code_digest(cl, equal_size_clusters, write_flash_checkpoint, _write_flash_dir)}
 
 
 def ensure_flash_checkpoint(profile: Profile) -> Path:

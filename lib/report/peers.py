@@ -34,10 +34,12 @@ def aggregate(rows: list[dict]) -> dict:
     return out
 
 
-def table(data: dict, agg: pd.DataFrame | None = None, run_device: str | None = None) -> pd.DataFrame:
+def table(data: dict, agg: pd.DataFrame | None = None, run_device: str | None = None,
+          run_label: str = "notebook 03 run") -> pd.DataFrame:
     """Each peer beside this engine's baseline timed in the same harness; with notebook 03's aggregate
     (report/tables.py's aggregate) also its baseline and fastest speculative mode, timed on `run_device` (the card
-    of notebook 03's run: the peers may have run on another; compare timings only within one card)."""
+    of notebook 03's run: the peers may have run on another; compare timings only within one card), their source
+    `run_label`."""
     peer_device = data.get("config", {}).get("device")
     rows = [{"method": m, "label": a["label"], "source": "peer harness", "device": peer_device, "tok_s": a["tok_s"],
              "decode_tok_s": a["decode_tok_s"], "exact_match_rate": a["exact_match_rate"],
@@ -48,7 +50,7 @@ def table(data: dict, agg: pd.DataFrame | None = None, run_device: str | None = 
         for m in [modes.BASELINE, *best] if modes.BASELINE in agg.index else best:
             r = agg.loc[m]
             new = r.decode_tok_s * r.decode_total_ms / 1000 + r.samples          # decode tokens + first tokens
-            rows.append({"method": m, "label": modes.LABELS.get(m, m), "source": "notebook 03 run", "device": run_device,
+            rows.append({"method": m, "label": modes.LABELS.get(m, m), "source": run_label, "device": run_device,
                          "tok_s": 1000 * new / (r.decode_total_ms + r.ttft_ms * r.samples),
                          "decode_tok_s": r.decode_tok_s,
                          "exact_match_rate": r.exact_match_rate, "mean_prefix_frac": None, "samples": int(r.samples)})

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import modes, results
-from ..config import Profile
+from ..config import Profile, as_dict
 from ..report import sampling as sampling_report
 from ..report.peers import table as peers_table
 from ..report.tables import aggregate, first_difference, records_frame, run_kernels
@@ -35,10 +35,13 @@ def latest_run(profile: Profile, name: str = "") -> Path:
     one of the profile's end-to-end settings, the run notebook 03 made or reused (results.latest_run)."""
     if not name:
         return results.latest_run(profile.out_dir, profile=profile)
-    run = profile.out_dir / "runs" / name
-    if not finished(run):
-        raise ValueError(f"run={name!r}: no finished run of that name in {profile.out_dir / 'runs'}")
-    return run
+    runs = profile.out_dir / "runs"
+    if Path(name).name != name or not finished(runs / name):
+        raise ValueError(f"run={name!r}: no finished run of that name in {runs}")
+    ours = results.e2e_settings({"profile": as_dict(profile)})["profile"]
+    if results.e2e_settings(results.read_config(runs / name)).get("profile") != ours:
+        raise ValueError(f"run={name!r}: its end-to-end settings differ from profile {profile.name!r}'s")
+    return runs / name
 
 
 def run_frames(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -100,11 +103,12 @@ def divergences(profile: Profile, df: pd.DataFrame) -> pd.DataFrame:
 def no_side_study(profile: Profile, name: str) -> str:
     """What notebook 04 says where a side study's file is missing or not read (results.side_study_json): the profile
     does not run it (a file from other settings says so), or notebook 03 has not run it yet."""
+    left = (profile.out_dir / f"{name}.json").exists()
+    other = f" ({name}.json here is from other settings and is not shown)" if left else ""
     if name not in profile.side_studies:
-        left = (profile.out_dir / f"{name}.json").exists()
-        return (f"no {name} study: this profile's side_studies leave it out" +
-                (f" ({name}.json here is from other settings and is not shown)" if left else ""))
-    return f"no {name} study yet: notebook 03 runs it (this profile's side_studies list it) and writes {name}.json"
+        return f"no {name} study: this profile's side_studies leave it out{other}"
+    return (f"no {name} study {'of these settings' if left else 'yet'}: notebook 03 runs it (this profile's "
+            f"side_studies list it) and writes {name}.json{other}")
 
 
 def peers(profile: Profile, agg: pd.DataFrame, run_device: str | None = None,
@@ -116,9 +120,10 @@ def peers(profile: Profile, agg: pd.DataFrame, run_device: str | None = None,
     if data is None:
         return None
     asked = set(data.get("config", {}).get("prompts") or [])
-    if df is not None and asked & set(df.question_id):
+    same = df is not None and bool(asked & set(df.question_id))
+    if same:
         agg = aggregate(df[df.question_id.isin(asked)])
-    return peers_table(data, agg, run_device)
+    return peers_table(data, agg, run_device, "notebook 03 run" if same else "notebook 03 run (all prompts)")
 
 
 RATIOS = " flash/dense"                 # subset_runs' key of a run's FlashHead/dense ratios: <run name> + RATIOS

@@ -97,7 +97,7 @@ def resumable_run(out_dir: Path, config: dict) -> Path | None:
 def reused_run(out_dir: Path, name: str, config: dict) -> Path:
     """A finished run named by the user, checked to be of this configuration (profile, devices, prompts)."""
     run = out_dir / "runs" / name
-    if not finished(run):
+    if Path(name).name != name or not finished(run):
         raise ValueError(f"reuse={name!r}: no finished run of that name in {out_dir / 'runs'}")
     saved = read_config(run)
     differ = config_differences(saved, config)

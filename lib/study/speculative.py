@@ -43,10 +43,14 @@ def run_speculative(profile: Profile, launcher: str = "local", target_model=None
     qids = [p.question_id for p, _ in enc]
     if reuse:
         run = runs.reused_run(profile.out_dir, reuse, runs.run_config(profile, qids, device_info(profile)))
-        latest = results.latest_run(profile.out_dir, profile=profile)
-        if latest != run:
-            note(f"notebook 04 analyses the latest finished run of these settings, {latest.name}: to analyse "
-                 f"{run.name} there, give it the parameter run={run.name!r}")
+        try:
+            latest = results.latest_run(profile.out_dir, profile=profile)
+        except FileNotFoundError:                           # a run renamed by hand: not among runs_of's e2e-* runs
+            latest = None
+        if latest is None or latest.resolve() != run.resolve():
+            note(f"notebook 04 analyses the latest finished run of these settings"
+                 f"{f', {latest.name}' if latest else ''}: to analyse {run.name} there, give it the parameter "
+                 f"run={run.name!r}")
         return run
     run, resumed = runs.start_or_resume(profile, runs.run_config(profile, qids, device_info(profile)), fresh)
     done = len(results.read_records(run))
