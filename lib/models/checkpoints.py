@@ -26,17 +26,16 @@ from .synthetic import make_pair, make_tokenizer
 # ---------------------------------------------------------------- synthetic pair on disk
 
 def code_digest(*code) -> str:
-    """sha256 of the source of these modules and functions: the code a model on disk was made by. A model's stamp
-    holds it, so that a change of that code makes the model again (notebooks rerun on any change of lib/ anyway)."""
-    return hashlib.sha256("".join(_source(c) for c in code).encode()).hexdigest()
-
-
-def _source(code) -> str:
-    """Its source text, or where none is at hand (a .pyc-only install, code made by exec) its compiled code."""
-    try:
-        return inspect.getsource(code)
-    except (OSError, TypeError):
-        return marshal.dumps(code.__code__).hex() if hasattr(code, "__code__") else repr(code)
+    """sha256 of the source of these modules and functions (where none is at hand, a .pyc-only install or code made by
+    exec: their compiled code): the code a model on disk was made by. A model's stamp holds it, so that a change of
+    that code makes the model again (notebooks rerun on any change of lib/ anyway)."""
+    h = hashlib.sha256()
+    for c in code:
+        try:
+            h.update(inspect.getsource(c).encode())
+        except (OSError, TypeError):
+            h.update(marshal.dumps(c.__code__) if hasattr(c, "__code__") else repr(c).encode())
+    return h.hexdigest()
 
 
 def synthetic_stamp(profile: Profile) -> dict:
@@ -68,9 +67,7 @@ def ensure_synthetic(profile: Profile) -> Path:
     target, draft = make_pair(syn, profile.seed, profile.dtype, device, which)
     corpus = [p.text for p in prompt_lib.load_questions(prompt_lib.BUILTIN)]
     tok = make_tokenizer(syn.vocab_size, corpus)
-    for name, model in (("draft", draft), ("target", target)):
-        if name == "target" and not syn.save_target:
-            continue
+    for name, model in [("draft", draft)] + ([("target", target)] if syn.save_target else []):
         if name == "target" and syn.target_quant == "awq":
             quantize.write_awq_model(model, root / name)              # int4 layer by layer, freeing the dense layers
         else:
@@ -267,11 +264,8 @@ def gguf_install_command(profile: Profile) -> str:
 
 
 def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def gguf_source(profile: Profile) -> Path:
