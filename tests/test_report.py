@@ -924,6 +924,21 @@ def test_a_missing_side_study_says_whether_the_profile_runs_it():
     assert no_side_study(p, "context") == "no context study: this profile's side_studies leave it out"
 
 
+def test_ttft_outliers_are_the_samples_far_above_the_runs_median_with_their_modes_mean_without_them():
+    """two_gpu_awq's run before 5726e5a: dense_pipelined's TTFT 2,361 ms on one prompt (a first use) against a median
+    of 86 ms raised that mode's mean from 84.1 to 179.0 ms."""
+    recs = [fake("dense_deferred", "deferred", 10, 100.0, [3], 4, question_id=q, ttft_ms=t)
+            for q, t in enumerate((80.0, 90.0, 2400.0, 85.0))]
+    recs += [fake("flash_deferred", "deferred", 10, 100.0, [3], 4, question_id=q, ttft_ms=t)
+             for q, t in enumerate((82.0, 88.0, 700.0, 86.0))]                 # 8x the median: a long prompt, kept
+    out = report.ttft_outliers(report.records_frame(recs))
+    assert out[["mode", "question_id", "ttft_ms"]].values.tolist() == [["dense_deferred", 2, 2400.0]]
+    assert out.run_median_ms[0] == 87.0
+    assert out.mode_mean_ms[0] == pytest.approx((80 + 90 + 2400 + 85) / 4)
+    assert out.mode_mean_without_ms[0] == pytest.approx(85.0)
+    assert report.ttft_outliers(report.records_frame(recs[:2] + recs[3:])).empty
+
+
 def test_a_side_study_file_left_from_other_settings_is_not_read(tmp_path, monkeypatch):
     """Notebook 04 reads a side study's file where these very settings wrote it, or where the profile runs the study
     and the file predates stamps naming the settings; two_gpu_awq had shown a sampling.json from before its

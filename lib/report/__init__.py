@@ -10,7 +10,8 @@ from .sampling import against_greedy, sampled_rows
 from .summary_json import (acceptance_note, closing_checks, cost_model_section, extra_summary, run_source,
                            summary, write_summary)
 from .tables import (acceptance_by_group, acceptance_counts, adaptive_tables, aggregate, block_policies, call_counts,
-                     divergence_points, exact_match_rates, identities, kernel_of, overlap, records_frame, run_kernels)
+                     divergence_points, exact_match_rates, identities, kernel_of, overlap, records_frame, run_kernels,
+                     ttft_outliers)
 from .thesis import (diagnosis, draft_path, e2e_tables, micro_tables, save_tables, side_by_side, speedups,
                      thesis_consistency, thesis_modes)
 
@@ -19,4 +20,4 @@ __all__ = ["acceptance_by_group", "acceptance_counts", "acceptance_note", "adapt
            "divergence_points", "draft_path", "e2e_tables", "exact_match_rates", "extra_summary", "identities",
            "kernel_of", "micro_tables", "overlap", "peers_table", "records_frame", "run_kernels", "run_source",
            "sampled_rows", "save_tables", "side_by_side", "speedups", "summary", "thesis_consistency", "thesis_modes",
-           "write_summary"]
+           "ttft_outliers", "write_summary"]

@@ -23,7 +23,7 @@ from ..report.figures import (adaptive_plots, block_length_plot, divergence_gap_
 from ..report.summary_json import acceptance_note, closing_checks, run_source, summary, write_summary  # noqa: F401
 from ..report import summary_json
 from ..report.tables import (acceptance_by_group, adaptive_tables, block_policies, call_counts,  # noqa: F401
-                             divergence_points, identities, overlap)
+                             divergence_points, identities, overlap, ttft_outliers)
 from ..report.micro import head_memory_table  # noqa: F401
 from ..report.thesis import e2e_tables, micro_tables, save_tables, side_by_side, thesis_consistency  # noqa: F401
 from .adaptive import E2E_SOURCE, run_rows
