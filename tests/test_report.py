@@ -914,10 +914,11 @@ def test_side_by_side_names_the_card_each_end_to_end_run_ran_on(tmp_path, monkey
     assert tab.loc[modes.BASELINE, ("other", "decode tok/s")] == 10.0 and ("missing", "device") not in tab
 
 
-def test_a_missing_side_study_says_whether_the_profile_runs_it():
+def test_a_missing_side_study_says_whether_the_profile_runs_it(tmp_path, monkeypatch):
     from dataclasses import replace
     from lib.config import load_profile
     from lib.study.analysis import no_side_study
+    monkeypatch.setenv("STUDY_OUTPUTS", str(tmp_path))                        # no result file there
     p = replace(load_profile("smoke"), side_studies=["peers"])
     assert no_side_study(p, "peers") == ("no peers study yet: notebook 03 runs it (this profile's side_studies list "
                                          "it) and writes peers.json")
