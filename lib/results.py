@@ -213,9 +213,13 @@ def latest_run(out_dir: Path, name: str = "e2e", profile: Profile | None = None)
     if not runs:
         raise FileNotFoundError(f"no finished {name} run under {out_dir}/runs: run notebook 03 first")
     if profile is not None:
-        ours = e2e_settings({"profile": as_dict(profile)})["profile"]
-        runs = [p for p in runs if e2e_settings(read_config(p))["profile"] == ours] or runs
+        runs = [p for p in runs if of_e2e_settings(p, profile)] or runs
     return max(runs, key=lambda p: (finish_time(p), run_order_key(p)))
+
+
+def of_e2e_settings(run: Path, profile: Profile) -> bool:
+    """Whether `run` was made with the profile's end-to-end settings (e2e_settings)."""
+    return e2e_settings(read_config(run))["profile"] == e2e_settings({"profile": as_dict(profile)})["profile"]
 
 
 def read_config(run: Path) -> dict:

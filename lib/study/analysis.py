@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import modes, results
-from ..config import Profile, as_dict
+from ..config import Profile
 from ..report import sampling as sampling_report
 from ..report.peers import table as peers_table
 from ..report.tables import aggregate, first_difference, records_frame, run_kernels
@@ -38,8 +38,7 @@ def latest_run(profile: Profile, name: str = "") -> Path:
     runs = profile.out_dir / "runs"
     if Path(name).name != name or not finished(runs / name):
         raise ValueError(f"run={name!r}: no finished run of that name in {runs}")
-    ours = results.e2e_settings({"profile": as_dict(profile)})["profile"]
-    if results.e2e_settings(results.read_config(runs / name)).get("profile") != ours:
+    if not results.of_e2e_settings(runs / name, profile):
         raise ValueError(f"run={name!r}: its end-to-end settings differ from profile {profile.name!r}'s")
     return runs / name
 
