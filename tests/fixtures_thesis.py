@@ -1,4 +1,5 @@
-"""Tiny checkpoints in exactly the formats of the thesis profile's three models, written offline.
+"""Tiny checkpoints in the formats of the thesis profile's three models, written offline (their layouts, key names
+and packing; not their sizes, bf16 storage or sharded safetensors, which from_pretrained reads as it reads one file).
 
   write_dense_qwen3   a dense Qwen3 (tied embeddings, like Qwen/Qwen3-0.6B): save_pretrained (safetensors)
                       plus a tokenizer.
@@ -7,7 +8,9 @@
                       packed int32 qzeros (in/128, out/8) and fp16 scales (in/128, out); everything else fp16.
                       Returns an fp32 reference model holding exactly the dequantised weights.
   write_flash_qwen3   a FlashHead checkpoint (like embedl/Qwen3-0.6B-FlashHead) made from a dense directory with
-                      lib.models.flash_checkpoint.save_flash_checkpoint and an equal-size spherical k-means of its output embeddings.
+                      lib.models.flash_checkpoint.save_flash_checkpoint and an equal-size spherical k-means of its output embeddings
+                      (config keys and flash_head_assets/clustering_cache.safetensors as Embedl's loader reads them; the
+                      clustering_config.json an older Embedl loader also read is not written).
 
 The AWQ packing follows gptqmodel 7.6.0 (gptqmodel/quantization/awq/utils/packing_utils.py: AWQ_ORDER,
 pack_awq, dequantize_gemm; gptqmodel/nn_modules/qlinear/gemm_awq.py AwqGEMMLinear.pack): nibble i (bits

@@ -212,6 +212,26 @@ def test_older_flash_model_type_loads_as_qwen3(profile, ckpts, tmp_path):
     assert type(model).__name__ == "Qwen3ForCausalLM" and head.n_clusters == fx.N_CLUSTERS
 
 
+def test_null_flash_config_entries_read_as_embedls_loader_reads_them(profile, ckpts, tmp_path):
+    """Embedl's loader takes a null n_clusters from the centroids, a null n_probes as c // 16 and a null special-token
+    list as none, and drops special ids outside the vocabulary; this reader had failed on each (TypeError)."""
+    d = shutil.copytree(ckpts["flash_draft"], tmp_path / "flash")
+    shipped = json.loads((d / "config.json").read_text())
+    probing = replace(profile, models=replace(profile.models, flash_draft=str(d)),
+                      clustering=replace(profile.clustering, n_probes=None))         # the checkpoint's own count
+
+    def read_with(**entries):
+        (d / "config.json").write_text(json.dumps({**shipped, **entries}))
+        return read_flash_checkpoint(d)[0], flash_checkpoint.load_flash_draft(probing)[1]
+
+    cfg, head = read_with(n_clusters=None, n_probes=None, flash_head_special_token_ids=None)
+    assert cfg["n_clusters"] == head.n_clusters == fx.N_CLUSTERS
+    assert cfg["n_probes"] == head.n_probes == max(1, fx.N_CLUSTERS // 16) and head.special.tolist() == []
+    special = shipped["flash_head_special_token_ids"]
+    cfg, head = read_with(flash_head_special_token_ids=special + [fx.VOCAB, -1, special[0]])
+    assert cfg["flash_head_special_token_ids"] == head.special.tolist() == sorted(set(special))
+
+
 def cache_repo(hub: Path, repo_id: str, src: Path) -> Path:
     """Lay a directory out as the hub cache does (models--org--name/{refs/main, snapshots/<commit>})."""
     repo = hub / ("models--" + repo_id.replace("/", "--"))

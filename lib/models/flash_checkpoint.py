@@ -22,6 +22,7 @@ from ..engine.heads import FlashHead
 from .synthetic import SPECIAL_TOKENS
 
 FLASH_KEYS = ("flash_head_cache_dir", "n_clusters", "n_probes", "flash_head_special_token_ids")
+PROBES_PER_CLUSTERS = 16  # where a checkpoint leaves n_probes null: c // 16 probes, Embedl's loader's default
 
 def special_token_ids(tokenizer) -> list[int]:
     ids = set(tokenizer.all_special_ids)
@@ -90,11 +91,17 @@ def read_flash_checkpoint(path: str | Path, hidden_size: int | None = None, voca
     for key in ("centroids", "cluster_assignments"):
         if key not in t:
             raise ValueError(f"{assets}: no tensor {key!r} (has {sorted(t)})")
-    c = cfg["n_clusters"]
+    # Null entries read as Embedl's loader reads them: the clusters the centroids hold, c // 16 probes, no special
+    # tokens; special ids outside the vocabulary are dropped (written back to cfg, so every reader sees them).
+    stored = t["centroids"]
+    c = cfg["n_clusters"] = cfg["n_clusters"] or stored.shape[-1 if stored.dim() == 4 else 0]
+    cfg["n_probes"] = cfg["n_probes"] or max(1, c // PROBES_PER_CLUSTERS)
     d = hidden_size or cfg.get("hidden_size")
     V = vocab_size or cfg.get("vocab_size")
     assign = t["cluster_assignments"].reshape(-1).long()
-    cents = centroids_from_format(t["centroids"], c, d, assets)
+    cfg["flash_head_special_token_ids"] = sorted({int(i) for i in cfg["flash_head_special_token_ids"] or []
+                                                  if 0 <= int(i) < assign.numel()})
+    cents = centroids_from_format(stored, c, d, assets)
     if V is not None and assign.numel() != V:
         raise ValueError(f"{assets}: cluster_assignments has {assign.numel()} entries but the vocabulary is {V}")
     if assign.min() < 0 or assign.max() >= c:
