@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from .. import modes
+from .tables import aggregate as run_aggregate
 
 
 def spread(values) -> dict:
@@ -35,11 +36,17 @@ def aggregate(rows: list[dict]) -> dict:
 
 
 def table(data: dict, agg: pd.DataFrame | None = None, run_device: str | None = None,
-          run_label: str = "notebook 03 run") -> pd.DataFrame:
+          df: pd.DataFrame | None = None) -> pd.DataFrame:
     """Each peer beside this engine's baseline timed in the same harness; with notebook 03's aggregate
     (report/tables.py's aggregate) also its baseline and fastest speculative mode, timed on `run_device` (the card
-    of notebook 03's run: the peers may have run on another; compare timings only within one card), their source
-    `run_label`."""
+    of notebook 03's run: the peers may have run on another; compare timings only within one card). With the run's
+    records `df`, those rows are its samples of the prompts the peers ran (as against_greedy's temperature 0 is);
+    else `agg`, the run over all its prompts, and their source says so."""
+    asked = set(data.get("config", {}).get("prompts") or [])
+    same = df is not None and bool(asked & set(df.question_id))
+    if same:
+        agg = run_aggregate(df[df.question_id.isin(asked)])
+    run_label = "notebook 03 run" if same else "notebook 03 run (all prompts)"
     peer_device = data.get("config", {}).get("device")
     rows = [{"method": m, "label": a["label"], "source": "peer harness", "device": peer_device, "tok_s": a["tok_s"],
              "decode_tok_s": a["decode_tok_s"], "exact_match_rate": a["exact_match_rate"],

@@ -116,13 +116,7 @@ def peers(profile: Profile, agg: pd.DataFrame, run_device: str | None = None,
     the run's records `df`, its samples of the prompts the peers ran (the first prompts.side_prompts), else `agg`, the
     run over all its prompts. None without peers.json."""
     data = side_study_json(profile, "peers")
-    if data is None:
-        return None
-    asked = set(data.get("config", {}).get("prompts") or [])
-    same = df is not None and bool(asked & set(df.question_id))
-    if same:
-        agg = aggregate(df[df.question_id.isin(asked)])
-    return peers_table(data, agg, run_device, "notebook 03 run" if same else "notebook 03 run (all prompts)")
+    return None if data is None else peers_table(data, agg, run_device, df)
 
 
 RATIOS = " flash/dense"                 # subset_runs' key of a run's FlashHead/dense ratios: <run name> + RATIOS
