@@ -93,15 +93,14 @@ def read_flash_checkpoint(path: str | Path, hidden_size: int | None = None, voca
             raise ValueError(f"{assets}: no tensor {key!r} (has {sorted(t)})")
     # Null entries read as Embedl's loader reads them: the clusters the centroids hold, c // 16 probes, no special
     # tokens; special ids outside the vocabulary are dropped (written back to cfg, so every reader sees them).
-    stored = t["centroids"]
-    c = cfg["n_clusters"] = cfg["n_clusters"] or stored.shape[-1 if stored.dim() == 4 else 0]
-    cfg["n_probes"] = cfg["n_probes"] or max(1, c // PROBES_PER_CLUSTERS)
     d = hidden_size or cfg.get("hidden_size")
     V = vocab_size or cfg.get("vocab_size")
+    cents = centroids_from_format(t["centroids"], cfg["n_clusters"], d, assets)
+    c = cfg["n_clusters"] = cents.shape[0]
+    cfg["n_probes"] = cfg["n_probes"] or max(1, c // PROBES_PER_CLUSTERS)
     assign = t["cluster_assignments"].reshape(-1).long()
     cfg["flash_head_special_token_ids"] = sorted({int(i) for i in cfg["flash_head_special_token_ids"] or []
                                                   if 0 <= int(i) < assign.numel()})
-    cents = centroids_from_format(stored, c, d, assets)
     if V is not None and assign.numel() != V:
         raise ValueError(f"{assets}: cluster_assignments has {assign.numel()} entries but the vocabulary is {V}")
     if assign.min() < 0 or assign.max() >= c:
@@ -112,17 +111,17 @@ def read_flash_checkpoint(path: str | Path, hidden_size: int | None = None, voca
     return cfg, cents, assign
 
 
-def centroids_from_format(stored: torch.Tensor, c: int, d: int | None, where) -> torch.Tensor:
+def centroids_from_format(stored: torch.Tensor, c: int | None, d: int | None, where) -> torch.Tensor:
     """Unit centroids (c,d) from the stored tensor. The orientation comes from the layout, never from the
     shape (c may equal d): rank 4 is Embedl's (1, 1, d, c); rank 2 is (c, d). Rows are L2-normalised, as
-    the published loader does before scoring."""
+    the published loader does before scoring. c, d: checked where given."""
     if stored.dim() == 4 and stored.shape[:2] == (1, 1):
         cents = stored[0, 0].T                                         # (d,c) -> (c,d)
     elif stored.dim() == 2:
         cents = stored
     else:
         raise ValueError(f"{where}: centroids of shape {tuple(stored.shape)}: expected (1, 1, d, c) or (c, d)")
-    if cents.shape[0] != c or (d is not None and cents.shape[1] != d):
+    if (c is not None and cents.shape[0] != c) or (d is not None and cents.shape[1] != d):
         raise ValueError(f"{where}: centroids of shape {tuple(stored.shape)} do not match n_clusters={c} "
                          f"and hidden_size={d}")
     return torch.nn.functional.normalize(cents.float(), dim=-1).contiguous()
