@@ -9,14 +9,15 @@ def ints(g, *shape, lo=-2, hi=2):
 
 
 def problem(seed, c=37, b=4, d=24, specials=(3, 70)):
-    """Integer W (V,d), centroids (c,d), c2t_ext (c+1,b) from a random equal-size assignment."""
+    """Integer W (V,d), centroids (c,d), c2t_ext (c+x,b) from a random equal-size assignment: x rows of special
+    tokens (b a row, -1 padding the last; one row of -1 where there are none), as heads.extended_c2t builds them."""
     g = torch.Generator().manual_seed(seed)
     V = c * b
     W, cents = ints(g, V, d), ints(g, c, d)
     c2t = torch.randperm(V, generator=g).view(c, b)
-    spec = torch.full((b,), -1, dtype=torch.long)
-    spec[:len(specials)] = torch.tensor(specials)
-    return g, W, cents, torch.cat([c2t, spec[None]]).contiguous()
+    spec = torch.full((max(1, -(-len(specials) // b)) * b,), -1, dtype=torch.long)
+    spec[:len(specials)] = torch.tensor(specials, dtype=torch.long)
+    return g, W, cents, torch.cat([c2t, spec.view(-1, b)]).contiguous()
 
 
 def flash_ref(h, W, cents, c2t_ext, p):
@@ -25,7 +26,7 @@ def flash_ref(h, W, cents, c2t_ext, p):
     c = cents.shape[0]
     s = (cents.double() @ h[0].double())
     probes = torch.sort(-s, stable=True).indices[:p]                   # stable: equal scores by id
-    cand = torch.cat([c2t_ext[probes].flatten(), c2t_ext[c]])
+    cand = torch.cat([c2t_ext[probes].flatten(), c2t_ext[c:].flatten()])
     cand = cand[cand >= 0]
     logits = W[cand].double() @ h[0].double()
     return cand[logits == logits.max()].min()

@@ -249,13 +249,20 @@ def test_flash_kernel_disagreeing_or_failing_is_refused_with_its_reason(parts, m
     assert fn is not None and why == ""
 
 
-def test_too_many_special_tokens_for_the_triton_flash_head_is_a_reason(parts, monkeypatch):
+def test_special_tokens_past_one_cluster_row_take_more_rows(parts, monkeypatch):
+    """The Triton kernels score the special tokens as rows below the clusters (heads.extended_c2t): b + 1 of them take
+    two rows, the second padded with -1 (no candidate), and the head still gets its kernel (it had refused past b)."""
     W, cents, assign = parts
     b = VOCAB // N_CLUSTERS
-    head = FlashHead(W, cents, assign, 2, list(range(b + 1)))
+    for n, rows in ((0, 1), (b, 1), (b + 1, 2)):
+        head = FlashHead(W, cents, assign, 2, list(range(n)))
+        ext = heads_mod.extended_c2t(head)
+        assert ext.shape == (N_CLUSTERS + rows, b) and torch.equal(ext[:N_CLUSTERS], head.c2t)
+        tail = ext[N_CLUSTERS:].flatten()
+        assert tail[:n].tolist() == list(range(n)) and tail[n:].eq(-1).all()
     monkeypatch.setattr(heads_mod, "triton_kernels", fake_kernels(flash=flash_ref(head)))
     fn, why = heads_mod.flash_triton(head)
-    assert fn is None and why == f"its {b + 1} special tokens do not fit one cluster row ({b} tokens)"
+    assert fn is not None and why == ""
 
 
 @pytest.fixture

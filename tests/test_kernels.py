@@ -83,6 +83,25 @@ def test_flash_without_special_tokens_scores_only_the_probes():
         assert F.flash_greedy_triton(h, W, cents, c2t_ext, p, S=8).item() == flash_ref(h, W, cents, c2t_ext, p).item()
 
 
+def test_special_tokens_over_several_rows():
+    """More special tokens than a cluster holds (11 over b = 4: three rows, the last padded): each is scored on every
+    call, by the one-state and the batched kernels, on the fast and the overflow paths; the best of them wins."""
+    specials = (3, 70, 9, 140, 33, 71, 5, 100, 12, 47, 88)
+    g, W, cents, c2t_ext = problem(2, specials=specials)
+    assert c2t_ext.shape[0] == cents.shape[0] + 3
+    for p in (1, 4):
+        for cfg in (FAST, FULL):
+            h = ints(g, 1, W.shape[1])
+            assert F.flash_greedy_triton(h, W, cents, c2t_ext, p, **cfg).item() == flash_ref(h, W, cents, c2t_ext, p).item()
+        h = ints(g, 3, W.shape[1])
+        got = F.flash_batch_triton(h, W, cents, c2t_ext, p, R=16, block_d=16)
+        assert got.tolist() == [flash_ref(h[r:r + 1], W, cents, c2t_ext, p).item() for r in range(3)]
+    W[88] = 50.0                                                        # the last row's special token, scored always
+    h = torch.ones(1, W.shape[1])
+    assert F.flash_greedy_triton(h, W, cents, c2t_ext, 1, S=8).item() == 88
+    assert F.flash_batch_triton(h.repeat(2, 1), W, cents, c2t_ext, 1, R=16).tolist() == [88, 88]
+
+
 def test_flash_special_token_wins():
     g, W, cents, c2t_ext = problem(3)
     W[70] = 50.0                                                        # a special token, scored always
@@ -188,7 +207,7 @@ def _select_all_kernel(keys_ptr, cand_ptr, probes_ptr, C, P, top, TF: tl.constex
 @pytest.mark.parametrize("kw,match", [
     (dict(n_probes=0), "n_probes must be in 1..37"), (dict(n_probes=38), "n_probes must be in 1..37"),
     (dict(S=48), "S must be a power of two"), (dict(TF=3000), "TF must be a power of two"),
-    (dict(T=1 << 21), r"tiles TF and T hold at most 1048576 elements"), (dict(rows=37), "c2t_ext needs 38 rows")])
+    (dict(T=1 << 21), r"tiles TF and T hold at most 1048576 elements"), (dict(rows=37), "c2t_ext needs more than 37 rows")])
 def test_flash_configuration_is_checked_on_the_host(kw, match):
     g, W, cents, c2t_ext = problem(0)
     rows = kw.pop("rows", None)

@@ -84,6 +84,24 @@ def test_batched_flash_is_each_rows_choice_on_the_gpu(dtype):
     assert out.tolist() == [flash_ref(x[r:r + 1].float().cpu(), W, cents, c2t_ext, 16).item() for r in range(64)]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_special_tokens_over_several_rows_on_the_gpu(dtype):
+    """26 special tokens (Qwen3's count) over b = 4: seven rows below the clusters, each scored on every call by the
+    one-state kernel (fast and overflow paths) and the batched one, whose programs fold concurrently here."""
+    specials = tuple(range(100, 126))
+    g, W, cents, c2t_ext = problem(6, specials=specials)
+    assert c2t_ext.shape[0] == cents.shape[0] + 7
+    args = (W.to(DEV, dtype), cents.to(DEV, dtype), c2t_ext.to(DEV))
+    for p in (1, 5, 36):
+        for cfg in (PATHS["short sort"], PATHS["overflow"]):
+            h = ints(g, 1, W.shape[1])
+            assert F.flash_greedy_triton(h.to(DEV, dtype), *args, p, **cfg).item() == flash_ref(h, W, cents, c2t_ext,
+                                                                                                 p).item(), (p, cfg)
+        h = ints(g, 9, W.shape[1])
+        want = [flash_ref(h[r:r + 1], W, cents, c2t_ext, p).item() for r in range(9)]
+        assert F.flash_batch_triton(h.to(DEV, dtype), *args, p).tolist() == want, p
+
+
 def test_dense_is_argmax_smallest_id_on_the_gpu():
     g = torch.Generator().manual_seed(2)
     W = ints(g, 5000, 64)

@@ -774,7 +774,7 @@ def test_int4_kernel_table_only_for_awq_targets():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_flash_extra_bytes_are_the_bytes_a_flash_head_holds(dtype):
     """The memory table's count is the tensors a FlashHead really holds beside the shared embeddings: its
-    centroids and cluster table (torch path), and on the Triton path the table with the special row as well."""
+    centroids and cluster table (torch path), and on the Triton path the table with the special tokens' rows as well."""
     from lib.engine.heads import extended_c2t
     from lib.report.micro import flash_extra_bytes
     V, d, c = 512, 48, 32
@@ -785,6 +785,9 @@ def test_flash_extra_bytes_are_the_bytes_a_flash_head_holds(dtype):
     held = head.centroids.nbytes + head.c2t.nbytes
     assert flash_extra_bytes(c, V // c, d, weight.element_size()) == held
     assert flash_extra_bytes(c, V // c, d, weight.element_size(), triton=True) == held + extended_c2t(head).nbytes
+    many = FlashHead(weight, head.centroids, assign, 4, list(range(V // c + 1)))   # two rows of special tokens
+    assert flash_extra_bytes(c, V // c, d, weight.element_size(), triton=True, n_special=V // c + 1) == (
+        held + extended_c2t(many).nbytes)
 
 
 def test_head_memory_table_shares_of_the_embeddings_and_the_draft():

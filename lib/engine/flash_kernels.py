@@ -4,8 +4,8 @@ Launch 1: G programs score the c centroids, R each, and file their int64 keys (k
 the keys' top 12 bits (atomic counts; the old count is the key's slot in a per-bin slab of S). Launch 2, which
 waits for it (programmatic dependent launch on Hopper): p + 1 programs; each reads the whole histogram and makes
 the same plan (the bin holding the p-th score; the clusters above it are all probed, and the best p - #above of
-that bin's slab row, which it sorts), then program i takes the i-th probe (program p the special tokens) and
-scores its b tokens; the last to finish writes the token. On a slab overflow (a bin from there up holding more
+that bin's slab row, which it sorts), then program i takes the i-th probe (programs p.. the special tokens' rows)
+and scores its b tokens; the last to finish writes the token. On a slab overflow (a bin from there up holding more
 than S) the first program to arrive selects the p probes (radix select over all keys) while the others wait.
 No single program makes the plan for the rest: that serial tail (a scan of the histogram, its stores and loads)
 cost ~6 us an H100 step (issue 25's note). The tie rule and the scratch are kernels.py's.
@@ -108,10 +108,11 @@ def _flash_scores(h_ptr, c_ptr, keys_ptr, hist_ptr, slab_ptr, C, D: tl.constexpr
 
 @triton.jit
 def _flash_tokens(h_ptr, w_ptr, c2t_ptr, keys_ptr, hist_ptr, slab_ptr, plan_ptr, cand_ptr, probes_ptr, best_ptr,
-                  ctl_ptr, out_ptr, C, P, D: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, BLOCK_D: tl.constexpr,
-                  S: tl.constexpr, TF: tl.constexpr, T: tl.constexpr, PDL: tl.constexpr):
-    """Launch 2. Program i of P + 1 reads the histogram (the same plan in every program), finds the i-th probe
-    (i < P) or the special tokens (i = P, row C of c2t; -1 = none) and scores their tokens; the last to finish
+                  ctl_ptr, out_ptr, C, P, X, D: tl.constexpr, B: tl.constexpr, BP: tl.constexpr,
+                  BLOCK_D: tl.constexpr, S: tl.constexpr, TF: tl.constexpr, T: tl.constexpr, PDL: tl.constexpr):
+    """Launch 2. Program i of P + X reads the histogram (the same plan in every program), finds the i-th probe
+    (i < P) or a row of special tokens (i >= P: row C + i - P of c2t, X such rows; -1 = none) and scores their
+    tokens; the last to finish
     writes the token and clears the histogram for the next call. The kernel after it may launch at once."""
     _launch_next(PDL)
     i = tl.program_id(0)
@@ -139,12 +140,12 @@ def _flash_tokens(h_ptr, w_ptr, c2t_ptr, keys_ptr, hist_ptr, slab_ptr, plan_ptr,
         else:
             cluster = _index(_ranked(row, m, i - n_up, S))
     else:
-        cluster = C                                           # the special tokens' row
+        cluster = C + i - P                                   # a row of the special tokens
     jb = tl.arange(0, BP)
     toks = tl.load(c2t_ptr + cluster.to(tl.int64) * B + jb, mask=jb < B, other=-1).to(tl.int32)
     ok = toks >= 0
     if _finish(_key(_dot_rows(h_ptr, w_ptr, toks, ok, BP, D, BLOCK_D), toks, ok), best_ptr, ctl_ptr + _TOKENS_DONE,
-               out_ptr, P + 1):
+               out_ptr, P + X):
         tl.store(hist_ptr + bins, tl.zeros_like(cnt))         # every program has read it
         tl.store(ctl_ptr + _TICKET, 0)
         tl.store(ctl_ptr + _READY, 0)
@@ -169,7 +170,7 @@ def _selected(i, keys_ptr, cand_ptr, probes_ptr, ctl_ptr, C, P, top, TF: tl.cons
     ready = tl.atomic_add(ctl_ptr + _READY, 0, sem="acquire")
     while ready == 0:
         ready = tl.atomic_add(ctl_ptr + _READY, 0, sem="acquire")
-    return tl.where(i < P, tl.load(probes_ptr + i, mask=i < P, other=0, cache_modifier=".cg"), C)
+    return tl.where(i < P, tl.load(probes_ptr + i, mask=i < P, other=0, cache_modifier=".cg"), C + i - P)
 
 
 MAX_TILE = 1 << 20              # Triton's largest block (elements)
@@ -183,7 +184,7 @@ def check_flash_config(C: int, B: int, n_probes: int, c2t_rows: int, t: "FlashTu
         if not ok:
             raise ValueError(f"flash_greedy_triton: {msg}")
     need(1 <= n_probes <= C, f"n_probes must be in 1..{C} (the clusters), got {n_probes}")
-    need(c2t_rows == C + 1, f"c2t_ext needs {C + 1} rows (the clusters and the special tokens), got {c2t_rows}")
+    need(c2t_rows > C, f"c2t_ext needs more than {C} rows (the clusters, then the special tokens'), got {c2t_rows}")
     need(B >= 1, "clusters must hold at least one token")
     for name in ("S", "TF", "T"):
         v = getattr(t, name)
@@ -211,8 +212,8 @@ class FlashTuning:
 def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, **tuning):
     """h (1,d) -> token (1,) int64 on the device: FlashHead greedy in two Triton launches.
 
-    W (V,d), cents (c,d) and h contiguous, same dtype; c2t_ext (c+1,b) int64: row k the tokens of
-    cluster k, row c the special tokens (-1 pads); any 1 <= n_probes <= c. tuning: FlashTuning's fields.
+    W (V,d), cents (c,d) and h contiguous, same dtype; c2t_ext (c+x,b) int64: row k the tokens of
+    cluster k, rows c.. the special tokens (x >= 1 rows; -1 pads); any 1 <= n_probes <= c. tuning: FlashTuning's fields.
     What the call leaves in scratch(h.device, c, S): plan = (bin of the p-th score, #clusters above it, #in it,
     overflow) and, on overflow, probes[:n_probes] (the selected clusters, in no particular order)."""
     C, D = cents.shape
@@ -224,8 +225,9 @@ def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, **tuning):
                                           min(t.BLOCK_D, triton.next_power_of_2(D)), t.S, pdl, **opts)
     out = torch.empty(1, dtype=torch.int64, device=h.device)
     pdl, opts = launches(h.device, t.warps2, t.pdl)
-    _flash_tokens[(n_probes + 1,)](h, W, c2t_ext, s["keys"], s["hist"], s["slab"], s["plan"], s["cand"], s["probes"],
-                                   s["best"], s["ctl"], out, C, n_probes, D, B, triton.next_power_of_2(B),
+    X = c2t_ext.shape[0] - C
+    _flash_tokens[(n_probes + X,)](h, W, c2t_ext, s["keys"], s["hist"], s["slab"], s["plan"], s["cand"], s["probes"],
+                                   s["best"], s["ctl"], out, C, n_probes, X, D, B, triton.next_power_of_2(B),
                                    min(t.BLOCK_D2, triton.next_power_of_2(D)), t.S,
                                    min(t.TF, triton.next_power_of_2(C)), min(t.T, triton.next_power_of_2(C)), pdl,
                                    **opts)
@@ -282,19 +284,19 @@ def _batch_probes(cand_ptr, probes_ptr, best_ptr, count_ptr, M, P, MP: tl.conste
 
 
 @triton.jit
-def _flash_batch_tokens(h_ptr, w_ptr, c2t_ptr, probes_ptr, best_ptr, count_ptr, out_ptr, C, P, D: tl.constexpr,
-                        B: tl.constexpr, BP: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Batched launch 4. Program (r, i) of (n, P + 1) scores the b tokens of row r's i-th probe (i = P: the special
-    tokens, row C of c2t; -1 = none) against hidden state r and folds their best key into best[r]; the row's last
-    program to finish writes its token. A cluster that several rows probe is read from memory once and from L2
+def _flash_batch_tokens(h_ptr, w_ptr, c2t_ptr, probes_ptr, best_ptr, count_ptr, out_ptr, C, P, X,
+                        D: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Batched launch 4. Program (r, i) of (n, P + X) scores the b tokens of row r's i-th probe (i >= P: a row of
+    the special tokens, row C + i - P of c2t; -1 = none) against hidden state r and folds their best key into
+    best[r]; the row's last program to finish writes its token. A cluster that several rows probe is read from memory once and from L2
     after that."""
     r, i = tl.program_id(0), tl.program_id(1)
-    cluster = tl.load(probes_ptr + r * P + i, mask=i < P, other=C)
+    cluster = tl.where(i < P, tl.load(probes_ptr + r * P + i, mask=i < P, other=0), C + i - P)
     jb = tl.arange(0, BP)
     toks = tl.load(c2t_ptr + cluster.to(tl.int64) * B + jb, mask=jb < B, other=-1).to(tl.int32)
     ok = toks >= 0
     key = _key(_dot_rows(h_ptr + r.to(tl.int64) * D, w_ptr, toks, ok, BP, D, BLOCK_D), toks, ok)
-    _finish(key, best_ptr + r, count_ptr + r, out_ptr + r, P + 1)
+    _finish(key, best_ptr + r, count_ptr + r, out_ptr + r, P + X)
 
 
 TOPK = hasattr(tl, "topk")      # Triton's partial sort (newer Triton); else a whole sort
@@ -343,7 +345,8 @@ def flash_batch_triton(h, W, cents, c2t_ext, n_probes, **tuning):
     _batch_segment_top[(n, nseg)](keys, cand, C, seg, keep, TOPK, num_warps=8)
     _batch_probes[(n,)](cand, probes, best, count, nseg * keep, n_probes, triton.next_power_of_2(nseg * keep),
                         num_warps=4)
-    _flash_batch_tokens[(n, n_probes + 1)](h, W, c2t_ext, probes, best, count, out, C, n_probes, D, B,
+    X = c2t_ext.shape[0] - C
+    _flash_batch_tokens[(n, n_probes + X)](h, W, c2t_ext, probes, best, count, out, C, n_probes, X, D, B,
                                             triton.next_power_of_2(B), min(t.block_d, triton.next_power_of_2(D)),
                                             num_warps=4)
     return out

@@ -3,7 +3,7 @@
 Kernel paths. kernel="triton" (the profile's bench.head_kernel, the default) on a CUDA weight runs the Triton
 kernels of lib/engine/kernels.py (dense) and flash_kernels.py for one hidden state, checked at construction against
 an fp32 selection on probe hidden states; a head that cannot have them (Triton not importable, a disagreement, an
-exception, too many special tokens) raises KernelUnavailable with one line naming the reason: there is no fallback.
+exception) raises KernelUnavailable with one line naming the reason: there is no fallback.
 kernel="torch", and any head on a CPU, runs torch ops (on a CPU that is the path, not a fallback: head_kernel
 applies to CUDA only). Every head says which path it really runs: `kernel_ran`, "triton" or "torch" (`__call__` on
 more than one hidden state takes the torch path; FlashHead.batched runs the batched Triton kernel on a GPU and says so
@@ -220,14 +220,11 @@ def checked(fn, probe: torch.Tensor, want: torch.Tensor) -> tuple:
 
 def flash_call(head: FlashHead, kernel: str) -> tuple:
     """(fn, "") where fn calls flash_kernels.<kernel> on the head's tensors (hidden states -> tokens), or (None,
-    reason) when Triton is not importable or the special tokens do not fit one cluster row (the kernels' cluster c)."""
+    reason) when Triton is not importable."""
     try:
         _, F = triton_kernels()
     except ImportError as e:
         return None, f"Triton is not importable ({one_line(e)})"
-    b = head.c2t.shape[1]
-    if head.special.numel() > b:                                               # one row holds the special tokens
-        return None, f"its {head.special.numel()} special tokens do not fit one cluster row ({b} tokens)"
     run, c2t_ext = getattr(F, kernel), extended_c2t(head)
     W, cents, p = head.weight.contiguous(), head.centroids.contiguous(), head.n_probes
     return (lambda h: on_device(W, run, h.contiguous(), W, cents, c2t_ext, p)), ""
@@ -262,11 +259,12 @@ def flash_batch(head: FlashHead) -> tuple:
 
 
 def extended_c2t(head: FlashHead) -> torch.Tensor:
-    """c2t with one more row, the special tokens (repeated to fill it; -1 where there are none): the Triton
-    kernels score it as cluster c."""
-    b = head.c2t.shape[1]
-    special = head.special.repeat(b)[:b] if head.special.numel() else torch.full_like(head.c2t[0], -1)
-    return torch.cat([head.c2t, special[None]]).contiguous()
+    """c2t with the special tokens' rows below it (b a row, -1 padding the last; one row of -1 where there are
+    none): the Triton kernels score them as clusters c, c + 1, ... on every call."""
+    b, s = head.c2t.shape[1], head.special.numel()
+    special = torch.full((max(1, -(-s // b)) * b,), -1, dtype=head.c2t.dtype, device=head.c2t.device)
+    special[:s] = head.special
+    return torch.cat([head.c2t, special.view(-1, b)]).contiguous()
 
 
 def dense_triton(weight: torch.Tensor) -> tuple:

@@ -77,19 +77,21 @@ struct Group {              // a lane's loads for one group: 8 weight words, 32 
 };
 
 // words: (N/16, K/128, 2, 32, 4) int32, a tile's group of a lane at [tile, group, step / 4, lane, step % 4];
-// groups: (K/128, N) int32, a column's scale (low half) and zero point's code (high half)
+// groups: (K/128, N) int32 with rows stride_g apart (>= N: a fused projection's column view), a column's scale (low
+// half) and zero point's code (high half)
 // RT row tiles of 8 a block (1; 2 for calls of more than 8 rows): each tile is one more mma on the same A fragment
 template <bool BF16, int RT>
 __global__ void __launch_bounds__(256) w4a16_mma(const uint16_t* __restrict__ x, const uint4* __restrict__ words,
                                                  const uint32_t* __restrict__ groups, const uint16_t* __restrict__ res,
-                                                 uint16_t* __restrict__ out, int M, int N, int K, int stride_x) {
+                                                 uint16_t* __restrict__ out, int M, int N, int K, int stride_x,
+                                                 int stride_g) {
     extern __shared__ float red[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3, tile = blockIdx.x, row0 = blockIdx.y * 8 * RT;
     const int G = K >> 7, gb = warp * G / warps, ge = (warp + 1) * G / warps;
     // cursors at the next group to load: the lane's weights, scale-and-zero words (columns g, g + 8), activations
     const uint4* wc = words + ((size_t)tile * G + gb) * 64 + lane;
-    const uint32_t* gc = groups + (size_t)gb * N + tile * 16 + g;
+    const uint32_t* gc = groups + (size_t)gb * stride_g + tile * 16 + g;
     bool row_ok[RT];                                    // rows past M read as zeros
     const uint4* xc[RT];
 #pragma unroll
@@ -108,7 +110,7 @@ __global__ void __launch_bounds__(256) w4a16_mma(const uint16_t* __restrict__ x,
         wc += 64;
         q.sz[0] = __ldg(gc);
         q.sz[1] = __ldg(gc + 8);
-        gc += N;
+        gc += stride_g;
 #pragma unroll
         for (int t = 0; t < RT; ++t) {
 #pragma unroll
@@ -179,8 +181,9 @@ __global__ void __launch_bounds__(256) w4a16_mma(const uint16_t* __restrict__ x,
 
 // 0, or a CUDA error; -1 for arguments the kernel does not take (4-8 warps: the epilogue's 128 threads write a tile)
 extern "C" int w4a16_mma_launch(const void* x, const void* words, const void* groups, const void* res, void* out,
-                                int M, int N, int K, int stride_x, int warps, int bf16, int pdl, void* stream) {
-    if (M < 1 || N % 16 || K % 128 || stride_x % 8 || warps < 4 || warps > 8) return -1;
+                                int M, int N, int K, int stride_x, int stride_g, int warps, int bf16, int pdl,
+                                void* stream) {
+    if (M < 1 || N % 16 || K % 128 || stride_x % 8 || stride_g < N || warps < 4 || warps > 8) return -1;
     cudaLaunchConfig_t cfg = {};
     const int rt = M > 8 ? 2 : 1;
     cfg.gridDim = dim3(N / 16, (M + 8 * rt - 1) / (8 * rt));
@@ -195,5 +198,5 @@ extern "C" int w4a16_mma_launch(const void* x, const void* words, const void* gr
     auto kernel = rt == 2 ? (bf16 ? w4a16_mma<true, 2> : w4a16_mma<false, 2>)
                           : (bf16 ? w4a16_mma<true, 1> : w4a16_mma<false, 1>);
     return (int)cudaLaunchKernelEx(&cfg, kernel, (const uint16_t*)x, (const uint4*)words, (const uint32_t*)groups,
-                                   (const uint16_t*)res, (uint16_t*)out, M, N, K, stride_x);
+                                   (const uint16_t*)res, (uint16_t*)out, M, N, K, stride_x, stride_g);
 }

@@ -82,7 +82,7 @@ def _library() -> ctypes.CDLL:
             raise RuntimeError(f"nvcc could not build {SOURCE.name}: {done.stderr.strip()[-500:]}")
         tmp.replace(path)                                       # atomic: a concurrent build reads a whole file
     lib = ctypes.CDLL(str(path))
-    lib.w4a16_mma_launch.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 7 + [ctypes.c_void_p]
+    lib.w4a16_mma_launch.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 8 + [ctypes.c_void_p]
     lib.w4a16_mma_launch.restype = ctypes.c_int
     return lib
 
@@ -145,14 +145,14 @@ def mma_matmul(x: torch.Tensor, w: MmaInt4, residual: torch.Tensor | None = None
     if residual is not None and (residual.shape != (M, N) or residual.stride() != (N, 1)):
         raise ValueError(f"the residual must be contiguous of shape {(M, N)}, got {tuple(residual.shape)}")
     # A projection fused with others (Int4Linear.concat) keeps a column view of the fused groups, its rows the fused
-    # width apart; the kernel reads rows N apart, so such a view is copied (the model's own forward calls those
-    # modules, e.g. Hugging Face's generate; the engine calls the fused one). Its words are a contiguous slice.
-    groups = w.groups if w.groups.stride() == (N, 1) else w.groups.contiguous()
+    # width apart: the kernel takes that row stride (the model's own forward calls those modules, e.g. Hugging
+    # Face's generate; the engine calls the fused one). Its words are a contiguous slice.
+    groups = w.groups if w.groups.stride(1) == 1 else w.groups.contiguous()
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     rc = _library().w4a16_mma_launch(x.data_ptr(), w.words.data_ptr(), groups.data_ptr(),
                                      None if residual is None else residual.data_ptr(), y.data_ptr(), M, N, K,
-                                     x.stride(0), warps_for(N), int(x.dtype == torch.bfloat16), 1,  # PDL: sm_90
-                                     torch.cuda.current_stream(x.device).cuda_stream)
+                                     x.stride(0), groups.stride(0), warps_for(N), int(x.dtype == torch.bfloat16),
+                                     1, torch.cuda.current_stream(x.device).cuda_stream)   # 1: PDL (sm_90)
     if rc:
         raise RuntimeError(f"w4a16_mma_launch failed: {'bad arguments' if rc < 0 else f'CUDA error {rc}'}")
     return y

@@ -159,13 +159,15 @@ def least_read_table(sizes: dict) -> pd.DataFrame:
         index="cluster size", columns="least share of dense bytes for")
 
 
-def flash_extra_bytes(n_clusters: int, cluster_size: int, hidden: int, element_bytes: int, triton: bool = False) -> int:
+def flash_extra_bytes(n_clusters: int, cluster_size: int, hidden: int, element_bytes: int, triton: bool = False,
+                      n_special: int = 0) -> int:
     """Bytes a FlashHead holds beside the output embeddings it shares with the dense head (lib.engine.heads): its
     centroids (c, d) in the weights' dtype and its cluster-to-token table (c, b) of int64 ids; on the Triton path
-    also that table with the special tokens' row added ((c + 1, b): extended_c2t). Its special ids (8 bytes each)
-    are left out."""
+    also that table with the special tokens' rows added (extended_c2t: one row of b ids for up to b special tokens,
+    the memory table's count). Its special ids (8 bytes each) are left out."""
     table = n_clusters * cluster_size * 8
-    extended = table + cluster_size * 8 if triton else 0                        # one more row of b ids
+    special_rows = max(1, -(-n_special // cluster_size))
+    extended = table + special_rows * cluster_size * 8 if triton else 0
     return n_clusters * hidden * element_bytes + table + extended
 
 
