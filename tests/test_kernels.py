@@ -92,7 +92,8 @@ def test_special_tokens_over_several_rows():
     for p in (1, 4):
         for cfg in (FAST, FULL):
             h = ints(g, 1, W.shape[1])
-            assert F.flash_greedy_triton(h, W, cents, c2t_ext, p, **cfg).item() == flash_ref(h, W, cents, c2t_ext, p).item()
+            want = flash_ref(h, W, cents, c2t_ext, p).item()
+            assert F.flash_greedy_triton(h, W, cents, c2t_ext, p, **cfg).item() == want, (p, cfg)
         h = ints(g, 3, W.shape[1])
         got = F.flash_batch_triton(h, W, cents, c2t_ext, p, R=16, block_d=16)
         assert got.tolist() == [flash_ref(h[r:r + 1], W, cents, c2t_ext, p).item() for r in range(3)]

@@ -111,9 +111,8 @@ def _flash_tokens(h_ptr, w_ptr, c2t_ptr, keys_ptr, hist_ptr, slab_ptr, plan_ptr,
                   ctl_ptr, out_ptr, C, P, X, D: tl.constexpr, B: tl.constexpr, BP: tl.constexpr,
                   BLOCK_D: tl.constexpr, S: tl.constexpr, TF: tl.constexpr, T: tl.constexpr, PDL: tl.constexpr):
     """Launch 2. Program i of P + X reads the histogram (the same plan in every program), finds the i-th probe
-    (i < P) or a row of special tokens (i >= P: row C + i - P of c2t, X such rows; -1 = none) and scores their
-    tokens; the last to finish
-    writes the token and clears the histogram for the next call. The kernel after it may launch at once."""
+    (i < P) or a row of special tokens (i >= P: row C + i - P of c2t, X such rows; -1 = none) and scores their tokens;
+    the last to finish writes the token and clears the histogram for the next call. The next kernel may launch now."""
     _launch_next(PDL)
     i = tl.program_id(0)
     _wait(PDL)                                                # every score of launch 1 is filed
@@ -212,8 +211,8 @@ class FlashTuning:
 def flash_greedy_triton(h, W, cents, c2t_ext, n_probes, **tuning):
     """h (1,d) -> token (1,) int64 on the device: FlashHead greedy in two Triton launches.
 
-    W (V,d), cents (c,d) and h contiguous, same dtype; c2t_ext (c+x,b) int64: row k the tokens of
-    cluster k, rows c.. the special tokens (x >= 1 rows; -1 pads); any 1 <= n_probes <= c. tuning: FlashTuning's fields.
+    W (V,d), cents (c,d) and h contiguous, same dtype; c2t_ext (c+x,b) int64: row k the tokens of cluster k, rows
+    c.. the special tokens (x >= 1 rows; -1 pads); any 1 <= n_probes <= c. tuning: FlashTuning's fields.
     What the call leaves in scratch(h.device, c, S): plan = (bin of the p-th score, #clusters above it, #in it,
     overflow) and, on overflow, probes[:n_probes] (the selected clusters, in no particular order)."""
     C, D = cents.shape
@@ -286,10 +285,9 @@ def _batch_probes(cand_ptr, probes_ptr, best_ptr, count_ptr, M, P, MP: tl.conste
 @triton.jit
 def _flash_batch_tokens(h_ptr, w_ptr, c2t_ptr, probes_ptr, best_ptr, count_ptr, out_ptr, C, P, X,
                         D: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Batched launch 4. Program (r, i) of (n, P + X) scores the b tokens of row r's i-th probe (i >= P: a row of
-    the special tokens, row C + i - P of c2t; -1 = none) against hidden state r and folds their best key into
-    best[r]; the row's last program to finish writes its token. A cluster that several rows probe is read from memory once and from L2
-    after that."""
+    """Batched launch 4. Program (r, i) of (n, P + X) scores the b tokens of row r's i-th probe (i >= P: row C + i - P
+    of c2t, special tokens; -1 = none) against hidden state r and folds their best key into best[r]; the row's last
+    program to finish writes its token. A cluster several rows probe is read from memory once, then from L2."""
     r, i = tl.program_id(0), tl.program_id(1)
     cluster = tl.where(i < P, tl.load(probes_ptr + r * P + i, mask=i < P, other=0), C + i - P)
     jb = tl.arange(0, BP)
