@@ -69,16 +69,18 @@ def test_bad_shapes_and_devices_say_what_is_wrong(monkeypatch):
 
 def test_the_launch_refuses_what_the_kernel_cannot_take(tmp_path, monkeypatch):
     """The built kernel checks its arguments before any CUDA call, so this runs wherever nvcc is (no GPU needed):
-    fewer than 4 warps (its epilogue's 128 threads write a tile), columns not in tiles of 16, K not in groups."""
+    fewer than 4 warps (its epilogue's 128 threads write a tile), columns not in tiles of 16, K not in groups, groups'
+    rows closer than N apart."""
     if MM._nvcc() is None:
         pytest.skip("no nvcc to build lib/models/w4a16_mma.cu")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))                # a build of its own, left in tmp_path
     MM._library.cache_clear()
     try:
         launch = MM._library().w4a16_mma_launch
-        args = dict(M=1, N=32, K=128, warps=4)
-        for bad in ({"warps": 2}, {"warps": 9}, {"N": 40}, {"K": 100}, {"M": 0}):
+        args = dict(M=1, N=32, K=128, stride_g=32, warps=4)
+        for bad in ({"warps": 2}, {"warps": 9}, {"N": 40}, {"K": 100}, {"M": 0}, {"stride_g": 16}):
             a = {**args, **bad}
-            assert launch(None, None, None, None, None, a["M"], a["N"], a["K"], 128, a["warps"], 0, 0, None) == -1
+            assert launch(None, None, None, None, None, a["M"], a["N"], a["K"], 128, a["stride_g"], a["warps"], 0, 0,
+                          None) == -1
     finally:
         MM._library.cache_clear()
