@@ -165,14 +165,15 @@ def test_a_compiled_target_captures_its_graphs_with_grad_mode_on(pair):
 
 
 def test_fill_replays_the_captured_graphs_and_writes_the_cache_prefill_writes(pair):
-    """A draft's prompt through its captured call lengths (Runner.fill): the K/V of every position as the eager
-    one-call prefill writes them, to fp16 rounding of compiled code, and no new graph captured."""
+    """A draft's prompt through its captured call lengths (Runner.fill; 13 tokens as 8 and 5 padded to 8): the K/V of
+    every prompt position as the eager one-call prefill writes them, to fp16 rounding of compiled code, and no new
+    graph captured."""
     import copy
     from lib.engine.runner import Acceleration, Runner
     model = copy.deepcopy(pair[0]).to(DEV, torch.float16)
     graphed = Runner(model, 64, Acceleration(graphs=True, compile=True, triton_layers=True))
     eager = Runner(model, 64)
-    graphed.warm("hidden", range(1, 5))
+    graphed.warm("hidden", [3, 8])
     captured = set(graphed._graphs)
     ids = torch.randint(3, 500, (1, 13), generator=torch.Generator().manual_seed(5)).to(DEV)
     graphed.fill(ids)

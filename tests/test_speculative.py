@@ -5,7 +5,7 @@ from lib.bench import Clock
 from lib.engine import rounds
 from lib.engine.heads import DenseHead, FlashHead
 from lib.models.build import make_draft, make_target
-from lib.engine.runner import Runner, _replay
+from lib.engine.runner import Runner, _replay, fill_calls
 from lib.engine.speculative import (Draft, Request, Result, Target, accepted_prefix, generate_baseline,
                                     generate_speculative)
 
@@ -437,10 +437,11 @@ def test_a_chain_captured_through_another_fused_step_leaves_the_runners_own(pair
     assert r.decode is own
 
 
-def test_fill_writes_the_cache_prefill_writes_in_calls_of_the_longest_captured_length(pair):
+def test_fill_writes_the_cache_prefill_writes_in_calls_of_the_captured_lengths(pair):
     """A draft's prompt goes into its cache through its captured call lengths (on a CPU there are none: one call;
-    here a captured length of 4 is named so that the chunks run, eagerly): every position's K/V as the one-call
-    prefill writes them, and the next call sees the same cache."""
+    here captured lengths of 2 and 4 are named so that the chunks run, eagerly), the last call padded past the
+    prompt: every prompt position's K/V as the one-call prefill writes them, and the next call (which overwrites the
+    padding's position) sees the same cache."""
     ids = torch.randint(3, VOCAB, (1, 14), generator=torch.Generator().manual_seed(4))
     whole, chunked = Runner(pair[1], 40), Runner(pair[1], 40)
     whole.prefill(ids[:, :13])
@@ -449,10 +450,23 @@ def test_fill_writes_the_cache_prefill_writes_in_calls_of_the_longest_captured_l
     run = chunked._run
     chunked._run = lambda kind, x, start, graph: calls.append((x.shape[1], start, graph)) or run(kind, x, start, graph)
     chunked.fill(ids[:, :13])
-    assert calls == [(4, 0, True), (4, 4, True), (4, 8, True), (1, 12, False)]     # no graph of 1: eager
+    assert calls == [(4, 0, True), (4, 4, True), (4, 8, True), (2, 12, True)]      # the last one padded to 2
     torch.testing.assert_close(chunked.cache.k[..., :13, :], whole.cache.k[..., :13, :], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(chunked.cache.v[..., :13, :], whole.cache.v[..., :13, :], rtol=1e-5, atol=1e-5)
+    assert not torch.equal(chunked.cache.k[..., 13, :], whole.cache.k[..., 13, :])    # the padding's token 0 there
     torch.testing.assert_close(chunked.forward(ids[:, 13:], 13), whole.forward(ids[:, 13:], 13), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n, lengths, room, calls", [
+    (13, {2, 4}, 40, [(0, 4), (4, 4), (8, 4), (12, 2)]),               # the rest padded to the shortest that holds it
+    (124, {*range(1, 8), 64}, 200, [(0, 64), (64, 64)]),              # a 124-token prompt: two replays
+    (70, {*range(1, 8), 64}, 80, [(0, 64), (64, 6)]),                 # a rest of 6 has its own length
+    (13, {4}, 14, [(0, 4), (4, 4), (8, 4), (12, 1)]),                 # 12 + 4 > 14 positions: the rest eagerly
+    (100, {7, 64}, 100, [(0, 64)] + [(s, 7) for s in range(64, 99, 7)] + [(99, 1)]),   # past 36: only 7 fits
+    (5, set(), 40, [(0, 5)]),                                         # nothing captured (a CPU): one call
+])
+def test_fill_calls_cover_the_prompt_once_within_the_cache(n, lengths, room, calls):
+    assert fill_calls(n, lengths, room) == calls
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

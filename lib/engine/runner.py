@@ -18,6 +18,7 @@ from .layer import fuse_projections, layer_forward
 COMPILE_OPTIONS = {"coordinate_descent_tuning": True}
 RECOMPILE_LIMITS = {"cache_size_limit": 64, "accumulated_cache_size_limit": 512}
 TRITON_LAYER_ROWS = 64   # longer calls (prefills): SDPA and norm modules (attention partials: rows x splits)
+FILL_CHUNK = TRITON_LAYER_ROWS   # a draft's prompt goes into its cache in graph replays of up to this many tokens
 WARM_DEVICES = ("cuda",)  # where kernels are built or loaded on first use (tests add "cpu" to run warm_prefill there)
 
 
@@ -133,15 +134,16 @@ class Runner:
 
     @torch.no_grad()
     def fill(self, ids: torch.Tensor) -> None:
-        """The prompt (1,n) into the cache at position 0 (a draft needs no token of its prompt), in calls of the
-        longest captured length: graph replays of ~0.5 ms for a 0.6B draft instead of ~30 ms of eager launches.
-        A call whose length has no graph runs eagerly: nothing is captured (and compiled) here."""
+        """The prompt (1,n) into the cache at position 0 (a draft needs no token of its prompt) in graph replays of the
+        captured lengths (fill_calls; build_engines captures FILL_CHUNK): a 124-token prompt in 2 replays of ~1 ms for a
+        0.6B draft, not 18 of 7 tokens. A call longer than the rest of the prompt is padded with token 0: the padding's
+        K/V land past the prompt, where the draft's next tokens overwrite them before any query reads them (as after a
+        rejection). A call whose length has no graph runs eagerly: nothing is captured (and compiled) here."""
         lengths = {key[1] for key in self._graphs if key[0] == "hidden"}
-        chunk = max(lengths, default=ids.shape[1])
         with self.clock.span(f"call_{self.role}_prefill", self.device):
-            for s in range(0, ids.shape[1], chunk):
-                part = ids[:, s:s + chunk]
-                self._run("hidden", part, s, graph=self._length(part.shape[1]) in lengths)
+            for s, m in fill_calls(ids.shape[1], lengths, self.max_len):
+                part = ids[:, s:s + m]
+                self._run("hidden", F.pad(part, (0, m - part.shape[1])), s, graph=self._length(m) in lengths)
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, start: int, graph: bool = True) -> torch.Tensor:
@@ -252,6 +254,19 @@ class Runner:
         self.cache.k[..., :n, :], self.cache.v[..., :n, :] = kept                           # after the warm-up runs
         self._graphs[key] = dict(graph=graph, ids=ids, start=start, out=out)
         return self._graphs[key]
+
+
+def fill_calls(n: int, lengths, room: int) -> list[tuple[int, int]]:
+    """The calls (start, length) that put n prompt tokens into a cache of `room` positions through the captured call
+    lengths: from each start the shortest length that holds the rest of the prompt, else the longest that fits (a
+    call past the rest is padded: Runner.fill); where none fits, the rest in one eager call."""
+    calls, s = [], 0
+    while s < n:
+        fits = sorted(m for m in lengths if s + m <= room)
+        m = next((m for m in fits if m >= n - s), fits[-1] if fits else n - s)
+        calls.append((s, m))
+        s += m
+    return calls
 
 
 def _replay(g: dict, ids: torch.Tensor, start: int | torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from ..engine.adaptive import AdaptiveFlashHead, AdaptiveProbeDraft, BanditDraft
 from ..engine.heads import DenseHead, GraphedHead
 from ..modes import (ADAPTIVE_DRAFTS, BANDIT_UCB, BASELINE, DENSE, DENSE_SHARED, FIXED, FLASH, FLASH_ADAPTIVE,
                      FLASH_FULL, probes_arm)
-from ..engine.runner import Acceleration, Runner
+from ..engine.runner import FILL_CHUNK, Acceleration, Runner
 from ..engine.speculative import Draft, Target
 
 
@@ -118,7 +118,7 @@ def build_engines(profile: Profile, which=None, target_model=None, adaptive_k: b
     target.runner.warm("greedy", range(1, longest + 1))
     target.runner.warm("hidden", range(1, longest + 1))                  # speculative sampling's target calls
     for runner in {id(d.runner): d.runner for d in drafts.values()}.values():
-        runner.warm("hidden", range(1, longest + 1))
+        runner.warm("hidden", [*range(1, longest + 1), min(FILL_CHUNK, runner.max_len)])   # + the prompt's fill
     for d in drafts.values():
         d.warm(longest - 1)                                                  # one graph per round's proposals
     return target, drafts
