@@ -12,7 +12,7 @@ Schedules (thesis 3.3 and 3.6; names and labels in lib/modes.py):
   ordinary  the append runs inline after each round.
   deferred  no append: the final token rides in the next round's verify batch, whose first output replaces the
             pending prediction (known only in the first round, after the initial append).
-  pipelined the ordinary append on a worker thread (its own CUDA stream) while the draft catches up and
+  pipelined the ordinary append on its own CUDA stream (a CPU: a worker thread) while the draft catches up and
             proposes the next block (thesis 3.6.1): a round costs about max(append, draft), not their sum.
 
 What greedy decoding and sampling do differently is a decision rule (Greedy in lib/engine/speculative.py,
