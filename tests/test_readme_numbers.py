@@ -172,7 +172,7 @@ def test_the_cost_model_goal_row_matches_each_run():
     """The goal table's end-to-end ratio row: each profile's FlashHead/dense over the rounds, measured against
     modelled (ordinary / deferred), and the bound it states (in points, rounded) holds for every schedule of the run."""
     row = readme_row("| end-to-end FlashHead/dense ratio")
-    for profile, bound in (("h100", 0.1), ("h100awq", 0.2), ("two_gpu", 0.3), ("two_gpu_awq", 0.3)):
+    for profile, bound in (("h100", 0.1), ("h100awq", 0.2), ("two_gpu", 0.3), ("two_gpu_awq", 0.8)):
         pair = rounds_ratios(profile)
         (mo, po), (md, pd) = pair["ordinary"], pair["deferred"]
         assert f"`{profile}` ({mo:.3f} / {md:.3f} against {po:.3f} / {pd:.3f}" in row, profile
