@@ -12,6 +12,7 @@ import torch
 from lib import results
 from lib import config, modes
 from lib.models import build as engines
+from lib.models.flash_checkpoint import ensure_flash_checkpoint
 from lib import report
 from lib.study import speculative
 from lib.engine.adaptive import AdaptiveFlashHead, AdaptiveProbeDraft, BanditDraft, Thompson, UCB1, mean_probes
@@ -19,7 +20,7 @@ from lib.engine.blocks import FixedK, GrowK
 from lib.engine import adaptive
 from lib.models.build import make_target
 from lib.engine.heads import DenseHead, FlashHead, GraphedHead
-from lib.engine.runner import Runner
+from lib.engine.runner import FILL_CHUNK, Runner
 from lib.engine.speculative import Request, generate_baseline, generate_speculative
 
 from conftest import N_CLUSTERS, SPECIAL_IDS, VOCAB
@@ -302,13 +303,16 @@ def test_bandit_arms_come_from_the_profile():
                                                            (["fixed", "grow"], False, "k_max")])
 def test_engines_capture_every_length_their_block_policies_reach(smoke, monkeypatch, k_policies, adaptive_k, longest):
     """Every verify length a round can use is captured before timing: up to K+1, or k_max+1 where a block policy
-    may grow K (the profile's, or the adaptive study's whatever the profile's)."""
-    seen = {}
-    monkeypatch.setattr(Runner, "warm", lambda self, kind, lengths: seen.setdefault(kind, list(lengths)))
+    may grow K (the profile's, or the adaptive study's whatever the profile's); the draft's calls too, and the call
+    its prompt fill replays (FILL_CHUNK tokens, as many as its cache holds)."""
+    seen = []
+    monkeypatch.setattr(Runner, "warm", lambda self, kind, lengths: seen.append((self.role, kind, list(lengths))))
     p = replace(smoke, decode=replace(smoke.decode, k_policies=k_policies))
+    ensure_flash_checkpoint(p)                                          # (made by the e2e run when that ran first)
     engines.build_engines(p, ["flash"], adaptive_k=adaptive_k)
-    top = getattr(p.decode, longest) + 1
-    assert seen == {"greedy": list(range(1, top + 1)), "hidden": list(range(1, top + 1))}
+    rounds = list(range(1, getattr(p.decode, longest) + 2))
+    fill = min(FILL_CHUNK, engines.cache_len(p))
+    assert seen == [("target", "greedy", rounds), ("target", "hidden", rounds), ("draft", "hidden", rounds + [fill])]
 
 
 def test_adaptive_probes_are_set_against_fixed_probes_at_fixed_k():
