@@ -20,7 +20,7 @@ class Appender:
         cuda = target.runner.device.type == "cuda"
         self.stream = torch.cuda.Stream(target.runner.device) if pipelined and cuda else None
         self.pool = ThreadPoolExecutor(1) if pipelined and not cuda else None
-        self.future, self.done, self.in_flight = None, None, False
+        self.future, self.done, self.value, self.in_flight = None, None, None, False
 
     def submit(self, ids: torch.Tensor, start: int) -> None:
         self.in_flight = True
