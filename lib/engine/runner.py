@@ -138,7 +138,8 @@ class Runner:
         the captured lengths (fill_calls; build_engines captures FILL_CHUNK): a 124-token prompt in 2 replays of 1.6 ms
         for a 0.6B draft, not 18 of 7 tokens. A call longer than the rest of the prompt is padded with token 0: the
         padding's K/V land past the prompt, where the draft's next tokens overwrite them before any query reads them
-        (as after a rejection). A call whose length has no graph runs eagerly: nothing is captured (and compiled) here."""
+        (as after a rejection). A call whose length has no graph runs eagerly: nothing is captured (or compiled)
+        here."""
         lengths = {key[1] for key in self._graphs if key[0] == "hidden"}
         with self.clock.span(f"call_{self.role}_prefill", self.device):
             for s, m in fill_calls(ids.shape[1], lengths, self.max_len):
