@@ -32,6 +32,30 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+class HostCopy:
+    """Device values read on the host without waiting for the work launched after them: queue(x) copies x into pinned
+    memory and marks its arrival (CUDA; on a CPU x is its own copy), read(h) waits for that mark alone. One copy is in
+    flight at a time: read it before queueing the next."""
+
+    def __init__(self):
+        self.buf, self.ready = None, None
+
+    def queue(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cuda":
+            return x
+        if self.buf is None or self.buf.numel() < x.numel() or self.buf.dtype != x.dtype:
+            self.buf = torch.empty(2 * x.numel(), dtype=x.dtype, pin_memory=True)
+        self.buf[:x.numel()].copy_(x.view(-1), non_blocking=True)
+        self.ready = torch.cuda.Event()
+        self.ready.record()                                 # on x's stream: before anything enqueued after the copy
+        return self.buf[:x.numel()]
+
+    def read(self, h: torch.Tensor) -> list:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return h.tolist()
+
+
 def capture(fn):
     """Warm fn up on a side stream, then capture it in a CUDA graph (on the current device).
     Returns (graph, static output)."""

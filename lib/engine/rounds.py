@@ -38,6 +38,7 @@ from typing import ClassVar
 import torch
 
 from ..modes import DEFERRED, ORDINARY, PIPELINED
+from ..bench import HostCopy
 from .appender import Appender
 from .heads import GraphedHead
 from .request import Result
@@ -225,7 +226,8 @@ class Rounds:
         # that runs the launched block while the host waits (the target's GPU or its own): the next block launched ahead
         self.ahead = (request.schedule == DEFERRED and getattr(rule, "ahead", False) and draft.blocks
                       and not draft.per_round and not self.policy.varies and draft.runner.device.type in AHEAD_DEVICES)
-        self.early, self.host, self.ready = None, None, None                 # (kk, proposals) launched ahead
+        self.early = None                                                    # (kk, proposals) launched ahead
+        self.reader = HostCopy()                           # the verify result read past what is launched after it
         self.append_ahead = (request.schedule == ORDINARY and getattr(rule, "ahead", False)
                              and target.runner.device.type in AHEAD_DEVICES)
         self.appended = False                                                # this round's append launched ahead
@@ -287,7 +289,7 @@ class Rounds:
         next round follows whatever a is (short of a stop token), so that no block is thrown away."""
         s, kk, runner = self.s, self.policy.k, self.draft.runner
         a = accepted_on_device(batch[1:], preds[:-1]).view(1)                # on the device: no host read (nor
-        host = self._to_host(got)                                            # below: gathers, not indexing by a)
+        host = self.reader.queue(got)                                        # below: gathers, not indexing by a)
         self.clock.close("verify", self.verifying)                           # the block is the next round's draft
         self.verifying = None
         emits = s.emitted + len(batch)                                       # at most: all accepted, and the final
@@ -300,7 +302,7 @@ class Rounds:
                                 self.draft)
                 toks = runner.chain(self.draft.head.head, fed[None, :2], fed[2], kk)
                 self.early = (kk, toks.clone())
-        return self._read(host)
+        return self.reader.read(host)
 
     def launch_append(self, props: torch.Tensor, preds: torch.Tensor, got: torch.Tensor) -> list[int]:
         """Ordinary greedy rounds (rule.verify's `then` after a verify call: d1 accepted, preds p1..pk): launch the
@@ -308,7 +310,7 @@ class Rounds:
         (returned as host ids). Only where the round cannot end the generation by its length; a stop token among its
         tokens is known only after the launch, and that append is then thrown away (see append)."""
         s = self.s
-        host = self._to_host(got)
+        host = self.reader.queue(got)
         kk, runner = len(props), self.target.runner
         if s.emitted + kk + 1 < s.max_new and s.t_pos + kk + 1 <= runner.max_len:   # the append's bound: a <= kk
             a = 1 + accepted_on_device(props[1:], preds[:-1])                # d_{i+1} accepted while it equals p_i
@@ -316,24 +318,7 @@ class Rounds:
             self.verifying, self.appended = None, True
             self.res.appended_ahead += 1
             self.appender.submit(preds.index_select(0, (a - 1).view(1))[None], s.t_pos + a)
-        return self._read(host)
-
-    def _to_host(self, got: torch.Tensor) -> torch.Tensor:
-        """got copied to pinned host memory (CUDA: an event marks its arrival, before anything enqueued after)."""
-        if got.device.type != "cuda":
-            return got
-        if self.host is None or self.host.numel() < got.numel():
-            self.host = torch.empty(2 * got.numel(), dtype=got.dtype, pin_memory=True)
-        self.host[:got.numel()].copy_(got, non_blocking=True)
-        self.ready = torch.cuda.Event()
-        self.ready.record()
-        return self.host[:got.numel()]
-
-    def _read(self, host: torch.Tensor) -> list[int]:
-        """_to_host's copy as host ids, once it has arrived (not waiting for what was launched after it)."""
-        if self.ready is not None:
-            self.ready.synchronize()
-        return host.tolist()
+        return self.reader.read(host)
 
     def append(self) -> None:
         """Feed the round's final token to the target (ordinary, pipelined): its output is the next pending."""

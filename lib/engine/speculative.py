@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from ..bench import sync
+from ..bench import HostCopy, sync
 from .request import Request, Result
 from .rounds import Draft, Rounds, Sequence, Target, propose_block, propose_stepwise
 from .sampling import Sampling
@@ -110,19 +110,24 @@ def rule_for(request: Request):
 def generate_baseline(target: Target, request: Request) -> Result:
     """Target-only decoding: prefill, then one single-token append per token, until max_new tokens or a stop
     token (inclusive); greedy or sampled as the request says. Reads each token on the host only when there
-    are stop tokens."""
+    are stop tokens, and then one call behind: a token's append is launched before the host reads whether it was a
+    stop token (a GPU runs it meanwhile), and thrown away when it was (a call past the output, not counted)."""
     request.check_cache(target.runner.max_len)
-    rule, stop, clock = rule_for(request), request.stop, target.runner.clock
+    rule, stop, clock, reader = rule_for(request), request.stop, target.runner.clock, HostCopy()
     t0 = time.perf_counter()
     tok = rule.first(target, request.prompt)
-    out, pos = [tok], len(request.prompt)
+    out, pos, held = [tok], len(request.prompt), None
     t1 = time.perf_counter()
     clock.reset()                                                            # the prefill is TTFT, not decode
     with clock.span("decode"):
-        while len(out) < request.max_new and not (stop and out[-1].item() in stop):
-            tok = rule.token(rule.append(target, tok.view(1, 1), pos))
-            out.append(tok)
-            pos += 1
+        ended = bool(stop) and tok.item() in stop                            # the first token: no call past it
+        while len(out) < request.max_new and not ended:
+            nxt = rule.token(rule.append(target, tok.view(1, 1), pos))
+            if held is not None and reader.read(held)[0] in stop:          # tok's copy, queued behind its own call
+                break
+            out.append(nxt)
+            tok, pos = nxt, pos + 1
+            held = reader.queue(tok) if stop else None
     tokens = torch.cat(out).tolist()
     t2 = time.perf_counter()
     return Result(tokens, 1000 * (t1 - t0), 1000 * (t2 - t1), append_calls=len(tokens) - 1,
