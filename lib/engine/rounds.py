@@ -207,8 +207,9 @@ def count_round(res: Result, kk: int, a: int, verified: bool) -> None:
     res.skipped += not verified and kk > 0
 
 
-# Where launching ahead pays: a GPU runs the block while the host reads the verify result; on a CPU the block would
-# only move earlier, fed a token more (tests add "cpu" to run the path there).
+# Where launching ahead pays: a GPU runs the block while the host reads the verify result (and target-only decoding's
+# next call while the host reads a token); on a CPU the work would only move earlier, fed a token more (tests add
+# "cpu" to run the path there).
 AHEAD_DEVICES = ("cuda",)
 
 

@@ -16,6 +16,7 @@ import torch
 
 from ..bench import HostCopy, sync
 from .request import Request, Result
+from . import rounds
 from .rounds import Draft, Rounds, Sequence, Target, propose_block, propose_stepwise
 from .sampling import Sampling
 
@@ -110,10 +111,11 @@ def rule_for(request: Request):
 def generate_baseline(target: Target, request: Request) -> Result:
     """Target-only decoding: prefill, then one single-token append per token, until max_new tokens or a stop
     token (inclusive); greedy or sampled as the request says. Reads each token on the host only when there
-    are stop tokens, and then one call behind: a token's append is launched before the host reads whether it was a
-    stop token (a GPU runs it meanwhile), and thrown away when it was (a call past the output, not counted)."""
+    are stop tokens; on a GPU one call behind: a token's append is launched before the host reads whether it was a
+    stop token (the GPU runs it meanwhile), and thrown away when it was (a call past the output, not counted)."""
     request.check_cache(target.runner.max_len)
     rule, stop, clock, reader = rule_for(request), request.stop, target.runner.clock, HostCopy()
+    behind = bool(stop) and target.runner.device.type in rounds.AHEAD_DEVICES
     t0 = time.perf_counter()
     tok = rule.first(target, request.prompt)
     out, pos, held = [tok], len(request.prompt), None
@@ -127,7 +129,10 @@ def generate_baseline(target: Target, request: Request) -> Result:
                 break
             out.append(nxt)
             tok, pos = nxt, pos + 1
-            held = reader.queue(tok) if stop else None
+            if behind:
+                held = reader.queue(tok)
+            else:                                    # a CPU computes as it goes: read first, nothing thrown away
+                ended = bool(stop) and tok.item() in stop
     tokens = torch.cat(out).tolist()
     t2 = time.perf_counter()
     return Result(tokens, 1000 * (t1 - t0), 1000 * (t2 - t1), append_calls=len(tokens) - 1,
