@@ -45,7 +45,7 @@ class HostCopy:
             return x
         if self.buf is None or self.buf.numel() < x.numel() or self.buf.dtype != x.dtype:
             self.buf = torch.empty(2 * x.numel(), dtype=x.dtype, pin_memory=True)
-        self.buf[:x.numel()].copy_(x.view(-1), non_blocking=True)
+        self.buf[:x.numel()].copy_(x, non_blocking=True)
         self.ready = torch.cuda.Event()
         self.ready.record()                                 # on x's stream: before anything enqueued after the copy
         return self.buf[:x.numel()]
