@@ -1,5 +1,5 @@
-"""Timing: CUDA-event clocks (perf_counter on CPU), per-call latency and its statistics; the device context and
-CUDA-graph capture that engines and benches share."""
+"""Timing: CUDA-event clocks (perf_counter on CPU), per-call latency and its statistics; the device context, host reads
+of device values and CUDA-graph capture that engines and benches share."""
 from __future__ import annotations
 
 import os
