@@ -122,17 +122,15 @@ def generate_baseline(target: Target, request: Request) -> Result:
     t1 = time.perf_counter()
     clock.reset()                                                            # the prefill is TTFT, not decode
     with clock.span("decode"):
-        ended = bool(stop) and tok.item() in stop                            # the first token: no call past it
-        while len(out) < request.max_new and not ended:
+        while len(out) < request.max_new:
+            if stop and held is None and tok.item() in stop:                 # the first token, and each on a CPU:
+                break                                                        # read before its append, none wasted
             nxt = rule.token(rule.append(target, tok.view(1, 1), pos))
             if held is not None and reader.read(held)[0] in stop:          # tok's copy, queued behind its own call
                 break
             out.append(nxt)
             tok, pos = nxt, pos + 1
-            if behind:
-                held = reader.queue(tok)
-            else:                                    # a CPU computes as it goes: read first, nothing thrown away
-                ended = bool(stop) and tok.item() in stop
+            held = reader.queue(tok) if behind else None
     tokens = torch.cat(out).tolist()
     t2 = time.perf_counter()
     return Result(tokens, 1000 * (t1 - t0), 1000 * (t2 - t1), append_calls=len(tokens) - 1,
